@@ -1,0 +1,38 @@
+# Set-up and checks. `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+
+.PHONY: demo test lint typecheck unit venv clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: the tested version, and no multi-GB CUDA download where a CPU build is at hand
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+
+venv: $(PY)
+
+$(VENV)/.demo-installed: $(PY) pyproject.toml
+	$(PY) -m pip install -q -e ".[demo]"
+	touch $@
+
+$(VENV)/.dev-installed: $(PY) pyproject.toml
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: $(VENV)/.demo-installed
+	$(PY) -m lightning_triage demo
+
+lint: $(VENV)/.dev-installed
+	$(PY) -m ruff check src tests
+	$(PY) -m mypy
+
+unit: $(VENV)/.dev-installed
+	$(PY) -m pytest -q
+
+test: lint unit
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist

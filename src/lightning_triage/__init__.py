@@ -1,0 +1,23 @@
+"""lightning-triage: PyTorch Lightning callbacks that debug training runs while they train.
+
+Example:
+    >>> from lightning.pytorch import Trainer
+    >>> from lightning_triage import Triage
+    >>> trainer = Trainer(callbacks=[Triage()])
+"""
+
+from lightning_triage.callbacks import InitialLossCheck, Triage, TriageCallback, TriageReport
+from lightning_triage.findings import CODES, STAGES, Finding
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "CODES",
+    "STAGES",
+    "Finding",
+    "InitialLossCheck",
+    "Triage",
+    "TriageCallback",
+    "TriageReport",
+    "__version__",
+]

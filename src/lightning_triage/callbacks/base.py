@@ -1,0 +1,227 @@
+"""Shared behaviour of every triage callback.
+
+A :class:`TriageCallback` keeps its findings, saves them in checkpoints, turns an internal error
+into a ``triage.check_error`` finding (and disables itself) instead of breaking the user's run,
+and removes every hook it registered when fit ends, tears down or crashes.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
+
+from lightning_triage.findings import Finding, Severity
+
+CheckStatus = Literal["passed", "failed", "skipped", "error"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+C = TypeVar("C", bound="TriageCallback")
+
+
+def guarded(
+    hook: Callable[Concatenate[C, pl.Trainer, P], R],
+) -> Callable[Concatenate[C, pl.Trainer, P], R | None]:
+    """Run a hook so that an internal error disables the check instead of breaking fit.
+
+    With ``strict=True`` the error is re-raised (the tests run strict).
+    """
+
+    @functools.wraps(hook)
+    def wrapper(self: C, trainer: pl.Trainer, *args: P.args, **kwargs: P.kwargs) -> R | None:
+        if self.disabled:
+            return None
+        try:
+            return hook(self, trainer, *args, **kwargs)
+        except Exception as exc:
+            if self.strict:
+                raise
+            self._disable_after_error(trainer, hook.__name__, exc)
+            return None
+
+    return wrapper
+
+
+class TriageCallback(Callback):
+    """Base class of the triage checks.
+
+    Args:
+        strict: raise internal errors of the check instead of reporting them as a
+            ``triage.check_error`` finding and disabling the check.
+    """
+
+    def __init__(self, *, strict: bool = False) -> None:
+        if not isinstance(strict, bool):
+            raise TypeError(f"`strict` must be a bool, got {strict!r}.")
+        self.strict = strict
+        self.findings: list[Finding] = []
+        self.disabled = False
+        self.ran = False
+        self.detail = ""
+        self._warned: set[str] = set()
+        self._handles: list[RemovableHandle] = []
+
+    # ------------------------------------------------------------------ findings
+    @property
+    def check_name(self) -> str:
+        """The name reported in ``findings[].check`` and ``checks[].check``."""
+        return type(self).__name__
+
+    def add_finding(
+        self,
+        trainer: pl.Trainer | None,
+        code: str,
+        message: str,
+        *,
+        severity: Severity | None = None,
+        hint: str | None = None,
+        layer: str | None = None,
+        evidence: Mapping[str, Any] | None = None,
+        global_step: int | None = None,
+        epoch: int | None = None,
+    ) -> Finding:
+        """Record a finding (step, epoch and rank default to the trainer's) and warn once per code."""
+        if trainer is not None:
+            global_step = trainer.global_step if global_step is None else global_step
+            epoch = trainer.current_epoch if epoch is None else epoch
+            rank = trainer.global_rank
+        else:
+            rank = 0
+        finding = Finding.create(
+            code,
+            message,
+            check=self.check_name,
+            severity=severity,
+            hint=hint,
+            layer=layer,
+            evidence=evidence,
+            global_step=global_step,
+            epoch=epoch,
+            rank=rank,
+        )
+        self.findings.append(finding)
+        if finding.is_problem and code not in self._warned:
+            self._warned.add(code)
+            rank_zero_warn(f"[lightning-triage] {code}: {message}", category=RuntimeWarning)
+        return finding
+
+    def has_finding(self, code: str) -> bool:
+        return any(f.code == code for f in self.findings)
+
+    # ------------------------------------------------------------------ status
+    def mark_ran(self, detail: str = "") -> None:
+        """Record that the check ran (its status is then passed or failed by its findings)."""
+        self.ran = True
+        if detail:
+            self.detail = detail
+
+    def skip(self, detail: str) -> None:
+        """Record why the check did not run."""
+        self.detail = detail
+
+    def check_status(self) -> dict[str, str]:
+        """This check's entry of the report's ``checks`` list."""
+        status: CheckStatus
+        if self.disabled:
+            status = "error"
+        elif not self.ran:
+            status = "skipped"
+        elif any(f.is_problem for f in self.findings if f.code != "triage.check_error"):
+            status = "failed"
+        else:
+            status = "passed"
+        return {"check": self.check_name, "status": status, "detail": self.detail}
+
+    def series(self) -> dict[str, list[list[float]]]:
+        """Named ``[[step, value], ...]`` series this check contributes to the report."""
+        return {}
+
+    # ------------------------------------------------------------------ hooks
+    def add_handle(self, handle: RemovableHandle) -> None:
+        """Keep a hook handle so it is removed on teardown or crash."""
+        self._handles.append(handle)
+
+    def remove_handles(self) -> None:
+        """Remove every hook this check registered."""
+        while self._handles:
+            self._handles.pop().remove()
+
+    def _disable_after_error(self, trainer: pl.Trainer | None, hook: str, exc: Exception) -> None:
+        self.remove_handles()
+        self.disabled = True
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+        self.detail = f"internal error in `{hook}`: {type(exc).__name__}: {exc}"
+        self.add_finding(
+            trainer,
+            "triage.check_error",
+            f"`{self.check_name}.{hook}` raised {type(exc).__name__}: {exc}. The check was "
+            "disabled; training goes on.",
+            evidence={"hook": hook, "exception": type(exc).__name__, "error": str(exc),
+                      "where": where},
+        )
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.remove_handles()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self.remove_handles()
+
+    # ------------------------------------------------------------------ state
+    def extra_state(self) -> dict[str, Any]:
+        """Check-specific picklable state saved beside the findings (override)."""
+        return {}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`extra_state` saved; read keys with defaults (override)."""
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "findings": [f.to_dict() for f in self.findings],
+            "ran": self.ran,
+            "detail": self.detail,
+            "disabled": self.disabled,
+            "extra": self.extra_state(),
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.findings = [Finding.from_dict(f) for f in state_dict.get("findings", [])]
+        self._warned = {f.code for f in self.findings}
+        self.ran = bool(state_dict.get("ran", self.ran))
+        self.detail = str(state_dict.get("detail", self.detail))
+        self.disabled = bool(state_dict.get("disabled", self.disabled))
+        self.load_extra_state(state_dict.get("extra", {}))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handles"] = []  # hook handles hold weak references and are per-process
+        return state
+
+
+def collect_checks(callbacks: Iterable[Callback]) -> list[TriageCallback]:
+    """Every triage check among ``callbacks``, looking inside bundles (``triage_checks``).
+
+    Pass ``trainer.callbacks``.
+    """
+    found: list[TriageCallback] = []
+    for cb in callbacks:
+        children: Sequence[Callback] | None = getattr(cb, "triage_checks", None)
+        if children is not None:
+            found.extend(collect_checks(children))
+        elif isinstance(cb, TriageCallback):
+            found.append(cb)
+    return found

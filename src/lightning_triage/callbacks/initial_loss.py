@@ -1,0 +1,237 @@
+"""Stage 2 (init): is the loss at step 0 near chance level?"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from contextlib import ExitStack
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.functional.batch import split_batch
+from lightning_triage.functional.chance import (
+    IGNORE_INDEX,
+    TASKS,
+    ChanceLevel,
+    Task,
+    chance_level,
+    compare_to_chance,
+    infer_task,
+)
+from lightning_triage.functional.hooks import LastOutput, capture_last_output
+
+
+def validate_task(task: str, num_classes: int | None) -> None:
+    """Check the ``task``/``num_classes`` arguments shared by the bundle and the checks.
+
+    Raises:
+        ValueError: naming the argument, its value and what is allowed.
+    """
+    if task not in TASKS:
+        raise ValueError(f"`task` must be one of {TASKS}, got {task!r}.")
+    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 2):
+        raise ValueError(f"`num_classes` must be an integer >= 2 or None, got {num_classes!r}.")
+    if task in ("multiclass", "sequence") and num_classes is None:
+        raise ValueError(f"`num_classes` is required with task={task!r}.")
+
+
+def loss_from_outputs(outputs: STEP_OUTPUT, pl_module: pl.LightningModule,
+                      trainer: pl.Trainer) -> Tensor | None:
+    """The training-step loss from ``on_train_batch_end`` outputs, undoing Lightning's division
+    by ``accumulate_grad_batches`` under automatic optimization."""
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        return None
+    if pl_module.automatic_optimization:
+        loss = loss * trainer.accumulate_grad_batches
+    return loss.detach()
+
+
+class InitialLossCheck(TriageCallback):
+    """Compare the loss of the first training batch with the task's chance level.
+
+    The loss is read from the first training step's output (no extra forward pass). With
+    ``task="auto"`` the task and class count are inferred from the targets and the shape of the
+    model's output on that batch (captured by temporary forward hooks removed right after).
+
+    Findings: ``init.loss_above_chance``, ``init.loss_below_chance``, ``init.chance_unknown``.
+
+    Args:
+        task: ``"auto"``, ``"multiclass"``, ``"binary"``, ``"regression"`` or ``"sequence"``.
+        num_classes: class count (vocabulary size for ``"sequence"``); required for
+            ``"multiclass"`` and ``"sequence"``.
+        ignore_index: target value excluded from class statistics.
+        above_ratio: report when the loss exceeds this multiple of chance.
+        below_ratio: report when the loss is below this multiple of chance (or of the prior).
+        strict: raise internal errors instead of disabling the check.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[InitialLossCheck(task="multiclass", num_classes=10)])
+
+        In LightningCLI YAML::
+
+            trainer:
+              callbacks:
+                - class_path: lightning_triage.InitialLossCheck
+                  init_args: {task: multiclass, num_classes: 10}
+    """
+
+    def __init__(
+        self,
+        task: Task = "auto",
+        num_classes: int | None = None,
+        ignore_index: int = IGNORE_INDEX,
+        above_ratio: float = 2.0,
+        below_ratio: float = 0.5,
+        *,
+        strict: bool = False,
+    ) -> None:
+        super().__init__(strict=strict)
+        validate_task(task, num_classes)
+        if not above_ratio > 1:
+            raise ValueError(f"`above_ratio` must be > 1, got {above_ratio!r}.")
+        if not 0 < below_ratio < 1:
+            raise ValueError(f"`below_ratio` must be in (0, 1), got {below_ratio!r}.")
+        self.task = task
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+        self.above_ratio = above_ratio
+        self.below_ratio = below_ratio
+        self.chance: ChanceLevel | None = None
+        self.initial_loss: float | None = None
+        self._capture: ExitStack | None = None
+        self._captured: LastOutput | None = None
+        self._targets: Tensor | None = None
+        self._armed = False
+
+    @override
+    @guarded
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self.ran or trainer.global_step != 0 or batch_idx != 0:
+            return
+        self._armed = True
+        self._targets = split_batch(batch).targets
+        if self.task == "auto":
+            self._capture = ExitStack()
+            self._captured = self._capture.enter_context(capture_last_output(pl_module))
+
+    @override
+    @guarded
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
+        if not self._armed:
+            return
+        self._armed = False
+        captured, self._captured = self._captured, None
+        self._close_capture()
+        targets, self._targets = self._targets, None
+        loss = loss_from_outputs(outputs, pl_module, trainer)
+        if loss is None:
+            self.skip("the first training step returned no scalar loss")
+            return
+        self.initial_loss = float(loss)
+        self.mark_ran(f"step-0 loss {self.initial_loss:.4g}")
+        if not math.isfinite(self.initial_loss):
+            self.detail = f"step-0 loss is {self.initial_loss}; see the numerics findings"
+            return
+        level = self._chance(trainer, captured, targets)
+        if level is None:
+            return
+        self.chance = level
+        self._compare(trainer, self.initial_loss, level)
+
+    def _chance(self, trainer: pl.Trainer, captured: LastOutput | None,
+                targets: Tensor | None) -> ChanceLevel | None:
+        task: str = self.task
+        num_classes = self.num_classes
+        output = captured.output if captured is not None else None
+        if task == "auto":
+            inferred = infer_task(output, targets, self.ignore_index)
+            if inferred is None:
+                self._chance_unknown(trainer, output, targets)
+                return None
+            task, guessed = inferred
+            num_classes = num_classes or guessed
+        if task == "regression" and targets is None:
+            self._chance_unknown(trainer, output, targets)
+            return None
+        return chance_level(task, num_classes=num_classes, targets=targets,
+                            ignore_index=self.ignore_index)
+
+    def _chance_unknown(self, trainer: pl.Trainer, output: Tensor | None,
+                        targets: Tensor | None) -> None:
+        def shape(t: Tensor | None) -> str:
+            return "none found" if t is None else f"{tuple(t.shape)} {t.dtype}"
+
+        self.detail = "chance level unknown"
+        self.add_finding(
+            trainer,
+            "init.chance_unknown",
+            f"Could not infer the task from the model output ({shape(output)}) and the targets "
+            f"({shape(targets)}), so the step-0 loss was not checked. Pass `task=` (one of "
+            f"{', '.join(TASKS[1:])}) and `num_classes=` to check it.",
+            evidence={"output_shape": None if output is None else list(output.shape),
+                      "target_shape": None if targets is None else list(targets.shape)},
+        )
+
+    def _compare(self, trainer: pl.Trainer, loss: float, level: ChanceLevel) -> None:
+        result = compare_to_chance(loss, level, above_ratio=self.above_ratio,
+                                   below_ratio=self.below_ratio)
+        evidence = {"loss": loss, "chance": level.value, "ratio": result.ratio,
+                    "reference": result.reference, "task": level.task,
+                    "num_classes": level.num_classes, "prior_baseline": level.prior,
+                    "inferred": self.task == "auto"}
+        self.detail = (f"step-0 loss {loss:.4g} vs chance {level.describe()} "
+                       f"({result.ratio:.2f}x)")
+        if result.verdict == "above":
+            self.add_finding(
+                trainer, "init.loss_above_chance",
+                f"step-0 loss {loss:.4g} is {result.ratio:.1f}x the chance level "
+                f"{level.describe()}.",
+                hint=("Check the output scale (logits multiplied somewhere? a large init or "
+                      "temperature?), the label encoding, and a missing or extra softmax "
+                      "before the loss."
+                      if level.task != "regression" else
+                      "Check the output scale and the target scale (standardize regression "
+                      "targets) and the loss reduction."),
+                evidence=evidence, global_step=0,
+            )
+        elif result.verdict == "below":
+            self.add_finding(
+                trainer, "init.loss_below_chance",
+                f"step-0 loss {loss:.4g} is only {result.ratio:.3f}x the "
+                f"{'chance level ' + level.describe() if level.task != 'regression' else 'smallest baseline'}"
+                f" ({result.reference:.4g}): a fresh model cannot do that well.",
+                evidence=evidence, global_step=0,
+            )
+
+    def _close_capture(self) -> None:
+        if self._capture is not None:
+            self._capture.close()
+            self._capture = None
+
+    @override
+    def remove_handles(self) -> None:
+        super().remove_handles()
+        self._close_capture()
+
+    @override
+    def extra_state(self) -> dict[str, Any]:
+        return {"initial_loss": self.initial_loss,
+                "chance": None if self.chance is None else vars(self.chance)}
+
+    @override
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.initial_loss = state.get("initial_loss")
+        chance = state.get("chance")
+        self.chance = None if chance is None else ChanceLevel(**chance)
+
+
+__all__ = ["InitialLossCheck", "loss_from_outputs", "validate_task"]

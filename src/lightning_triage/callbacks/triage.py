@@ -1,0 +1,216 @@
+"""The ``Triage`` bundle: the default set of checks and the report, from one config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_triage.callbacks.base import TriageCallback
+from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
+from lightning_triage.callbacks.report import TriageReport
+from lightning_triage.functional.chance import Task
+
+
+class Triage(Callback):
+    """Run the whole triage protocol and write one report: add this to your ``Trainer``.
+
+    Builds the default checks (each also usable alone) and a :class:`TriageReport`, and forwards
+    every Lightning hook to them in protocol order, the report last.
+
+    Args:
+        report_dir: where the report is written (default: the trainer's ``log_dir``, else
+            ``default_root_dir``).
+        task: ``"auto"`` (infer from the first batch), ``"multiclass"``, ``"binary"``,
+            ``"regression"`` or ``"sequence"`` (token-level classification, language modeling).
+        num_classes: class count (vocabulary size for ``"sequence"``).
+        causal: the model must not look at future positions (enables the causal probe).
+        strict: raise internal errors of checks instead of disabling them (for tests).
+        verbose: print the report summary at the end of fit.
+
+    Raises:
+        ValueError: for an unknown ``task`` or ``num_classes < 2``.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning_triage import Triage
+        >>> trainer = Trainer(callbacks=[Triage(task="multiclass", num_classes=10)])
+
+        In LightningCLI YAML::
+
+            trainer:
+              callbacks:
+                - class_path: lightning_triage.Triage
+                  init_args:
+                    task: multiclass
+                    num_classes: 10
+                    report_dir: runs/triage
+    """
+
+    def __init__(
+        self,
+        report_dir: str | os.PathLike[str] | None = None,
+        task: Task = "auto",
+        num_classes: int | None = None,
+        causal: bool = False,
+        strict: bool = False,
+        verbose: bool = True,
+    ) -> None:
+        validate_task(task, num_classes)
+        self.report_dir = None if report_dir is None else str(report_dir)
+        self.task = task
+        self.num_classes = num_classes
+        self.causal = causal
+        self.strict = strict
+        self.verbose = verbose
+        self.checks: list[TriageCallback] = [
+            InitialLossCheck(task=task, num_classes=num_classes, strict=strict),
+        ]
+        self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
+
+    @property
+    def triage_checks(self) -> Sequence[TriageCallback]:
+        """The checks this bundle drives (read by :class:`TriageReport`)."""
+        return self.checks
+
+    def check(self, name: str) -> TriageCallback:
+        """The bundled check of class ``name`` (e.g. ``"InitialLossCheck"``)."""
+        for check in self.checks:
+            if type(check).__name__ == name:
+                return check
+        raise KeyError(f"No check named {name!r}; have {[type(c).__name__ for c in self.checks]}.")
+
+    def _each(self, hook: str, *args: Any) -> None:
+        for cb in (*self.checks, self.report):
+            getattr(cb, hook)(*args)
+
+    # ------------------------------------------------------------------ state
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {check.state_key: check.state_dict() for check in self.checks}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for check in self.checks:
+            if check.state_key in state_dict:
+                check.load_state_dict(state_dict[check.state_key])
+
+    # ------------------------------------------------------------------ hooks
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._each("setup", trainer, pl_module, stage)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._each("teardown", trainer, pl_module, stage)
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_fit_start", trainer, pl_module)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_fit_end", trainer, pl_module)
+
+    @override
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_sanity_check_start", trainer, pl_module)
+
+    @override
+    def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_sanity_check_end", trainer, pl_module)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_train_start", trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_train_end", trainer, pl_module)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_train_epoch_start", trainer, pl_module)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_train_epoch_end", trainer, pl_module)
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        self._each("on_train_batch_start", trainer, pl_module, batch, batch_idx)
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
+        self._each("on_train_batch_end", trainer, pl_module, outputs, batch, batch_idx)
+
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           loss: Tensor) -> None:
+        self._each("on_before_backward", trainer, pl_module, loss)
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_after_backward", trainer, pl_module)
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: Optimizer) -> None:
+        self._each("on_before_optimizer_step", trainer, pl_module, optimizer)
+
+    @override
+    def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                            optimizer: Optimizer) -> None:
+        self._each("on_before_zero_grad", trainer, pl_module, optimizer)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_validation_start", trainer, pl_module)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_validation_end", trainer, pl_module)
+
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_validation_epoch_start", trainer, pl_module)
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._each("on_validation_epoch_end", trainer, pl_module)
+
+    @override
+    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                  batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._each("on_validation_batch_start", trainer, pl_module, batch, batch_idx, dataloader_idx)
+
+    @override
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                outputs: STEP_OUTPUT, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        self._each("on_validation_batch_end", trainer, pl_module, outputs, batch, batch_idx,
+                   dataloader_idx)
+
+    @override
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self._each("on_save_checkpoint", trainer, pl_module, checkpoint)
+
+    @override
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self._each("on_load_checkpoint", trainer, pl_module, checkpoint)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self._each("on_exception", trainer, pl_module, exception)

@@ -1,0 +1,343 @@
+"""Findings: the protocol stages, the registry of public finding codes and the `Finding` record.
+
+Pure Python, no Lightning import: a finding can be built, serialized and sorted from a plain
+PyTorch loop or a test.
+
+Example:
+    >>> from lightning_triage.findings import Finding
+    >>> f = Finding.create(
+    ...     "init.loss_above_chance",
+    ...     message="step-0 loss 33.9 is 14.7x the chance level ln(10) = 2.303",
+    ...     check="InitialLossCheck",
+    ...     global_step=0,
+    ... )
+    >>> f.severity, f.stage
+    ('error', 'init')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["error", "warning", "info"]
+SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
+
+#: The protocol stages, in the order findings are reported and fixed.
+STAGES: tuple[str, ...] = (
+    "data",
+    "init",
+    "wiring",
+    "overfit",
+    "structure",
+    "mode",
+    "curve",
+    "grad",
+    "numerics",
+)
+#: Findings about lightning-triage itself (a check that failed internally). Sorted after the
+#: protocol and never chosen as ``start_here``.
+META_STAGE = "triage"
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    """What the registry knows of a finding code: its stage, default severity, title and hint."""
+
+    code: str
+    severity: Severity
+    title: str
+    hint: str
+
+    @property
+    def stage(self) -> str:
+        return self.code.split(".", 1)[0]
+
+
+def _spec(code: str, severity: Severity, title: str, hint: str) -> CodeSpec:
+    return CodeSpec(code, severity, title, hint)
+
+
+_SPECS: tuple[CodeSpec, ...] = (
+    # 1. data
+    _spec("data.nonfinite_input", "error", "Inputs hold NaN/Inf",
+          "Find the example indices in the evidence and trace them back through the dataset and "
+          "its transforms (a division by zero in normalization, a corrupt file, a missing value)."),
+    _spec("data.nonfinite_target", "error", "Targets hold NaN/Inf",
+          "Check how targets are read and encoded: missing values, a log of zero, a bad join."),
+    _spec("data.unnormalized_input", "warning", "Inputs are far from standardized",
+          "Standardize float inputs (subtract the mean, divide by the std of the training set) or "
+          "scale pixels to [0, 1]; raw 0-255 or 0-16 values make early layers saturate."),
+    _spec("data.constant_input", "warning", "An input tensor is the same for every example",
+          "The model cannot learn from an input that never changes: check the dataset indexing, "
+          "the collate function and transforms that may overwrite the input."),
+    _spec("data.target_out_of_range", "error", "Class targets are outside [0, num_classes)",
+          "Check the label encoding (labels 1..C instead of 0..C-1?) and the model's class count."),
+    _spec("data.class_imbalance", "warning", "One class dominates the targets",
+          "Check the sampler and the labels; if the imbalance is real, use class weights or a "
+          "balanced sampler and judge the loss against the prior, not uniform chance."),
+    _spec("data.repeated_batch", "warning", "The loader yields the same batch again",
+          "Check the sampler and the dataset's `__getitem__` (a fixed index, a cached batch)."),
+    _spec("data.duplicate_samples", "warning", "A batch holds many identical examples",
+          "Check the dataset indexing and the collate function (an example repeated, a "
+          "broadcast instead of a stack)."),
+    _spec("data.train_val_overlap", "warning", "Training examples reappear in validation",
+          "Split the dataset before any augmentation and make sure the validation indices are "
+          "disjoint from the training indices."),
+    _spec("data.train_val_shift", "warning", "Train and validation inputs differ in statistics",
+          "Apply the same preprocessing (normalization, resizing, tokenization) to both splits."),
+    _spec("data.label_misalignment", "warning", "Targets look unrelated to the inputs",
+          "Check that inputs and labels are indexed together (shuffled separately? sorted "
+          "differently? an off-by-one join?)."),
+    # 2. init
+    _spec("init.loss_above_chance", "error", "Step-0 loss is far above chance level",
+          "Check the output scale (logits multiplied somewhere? a large init?), the label "
+          "encoding, and a missing or extra softmax before the loss."),
+    _spec("init.loss_below_chance", "warning", "Step-0 loss is far below chance level",
+          "A fresh model cannot beat chance: check for labels leaking into the inputs, a loss "
+          "scaled down (divided by the batch size twice?) or the wrong loss function. Expected "
+          "if the model starts from pretrained weights."),
+    _spec("init.chance_unknown", "info", "Chance level unknown",
+          "Pass `task=` and `num_classes=` so the step-0 loss can be checked."),
+    # 3. wiring
+    _spec("wiring.no_grad_params", "error", "Trainable parameters got no gradient",
+          "Look for `.detach()`, `torch.no_grad()`, `.item()`/numpy round trips or modules that "
+          "are defined but never called in the forward pass."),
+    _spec("wiring.zero_grad_params", "warning", "Trainable parameters got exactly zero gradient",
+          "Check for dead activations, a multiplication by zero or a mask that blocks the path."),
+    _spec("wiring.frozen_params", "info", "Frozen parameters",
+          "Expected when fine-tuning; otherwise look for `requires_grad_(False)` or `freeze()`."),
+    _spec("wiring.loss_detached", "error", "The loss is not connected to any trainable parameter",
+          "The loss was computed from detached tensors: look for `.detach()`, `.item()`, "
+          "`torch.no_grad()` or a re-created tensor in `training_step`."),
+    _spec("wiring.params_not_in_optimizer", "error", "Parameters get gradients but no optimizer updates them",
+          "Pass all trainable parameters to the optimizer in `configure_optimizers` "
+          "(`self.parameters()`, not one submodule's)."),
+    # 4. overfit
+    _spec("overfit.failed", "error", "Could not overfit one small batch",
+          "A model that cannot memorize 8 examples has a bug: check the wiring findings, frozen "
+          "layers, and a loss bounded away from zero (cross-entropy on probabilities)."),
+    _spec("overfit.passed", "info", "Overfit one small batch",
+          "The model, loss and optimizer can learn; look at data and curves for the rest."),
+    # 5. structure
+    _spec("structure.batch_mixing", "error", "Outputs mix examples of the batch",
+          "An operation mixes the batch dimension in eval mode: a softmax/normalization over "
+          "dim 0, a wrong `view`/`reshape`, or a transpose of batch and sequence dimensions."),
+    _spec("structure.causal_leak", "error", "Outputs see future positions",
+          "Check the attention mask (upper triangle masked?), its orientation and every "
+          "sublayer that mixes positions (convolutions need left padding)."),
+    _spec("structure.shape_mismatch", "error", "Prediction and target shapes broadcast silently",
+          "Make prediction and target shapes equal before the loss (`squeeze(-1)` a `(N, 1)` "
+          "prediction for `(N,)` targets)."),
+    _spec("structure.target_leak", "error", "The targets reach the forward pass",
+          "The model's outputs change when only the targets change: feed the decoder the "
+          "targets shifted right, and keep labels out of the features."),
+    # 6. mode
+    _spec("mode.train_mode_in_eval", "warning", "Dropout/BatchNorm in training mode during validation",
+          "Do not call `.train()` in validation hooks; Lightning puts the model in eval mode."),
+    # 7. curve
+    _spec("curve.not_learning", "error", "The loss does not move",
+          "The loss stays at its step-0 value: check the learning rate (0?), that the optimizer "
+          "steps, that inputs are not all zero and that gradients reach the parameters."),
+    _spec("curve.lr_too_low", "warning", "Slow, straight decline: learning rate too low",
+          "Raise the learning rate by 10x, or run a learning-rate finder."),
+    _spec("curve.lr_too_high", "warning", "Noisy or rising loss: learning rate too high",
+          "Lower the learning rate by 3-10x, add warmup, or clip gradients."),
+    _spec("curve.diverging", "error", "The loss grows without bound",
+          "Lower the learning rate, clip gradients and check the numerics findings."),
+    _spec("curve.plateau_at_chance", "error", "The loss settled at chance level",
+          "The model predicts the prior: look for saturated units (unscaled inputs, too high a "
+          "learning rate early on) and dead ReLUs."),
+    _spec("curve.loss_spike", "warning", "Loss spike",
+          "Look at the batch of that step and the gradient norms just before it; clip gradients."),
+    _spec("curve.overfitting", "warning", "Training loss falls while validation loss rises",
+          "Add regularization or data, or stop earlier; check train/val distributions."),
+    _spec("curve.healthy", "info", "The loss curve looks healthy", "Nothing to do."),
+    # 8. grad
+    _spec("grad.exploding", "error", "Gradient norms explode",
+          "Lower the learning rate, clip gradients, check the initialization scale and "
+          "normalization layers."),
+    _spec("grad.vanishing", "warning", "Gradients vanish in early layers",
+          "Use ReLU-family activations, residual connections, normalization or a better init."),
+    _spec("grad.spike", "warning", "Gradient-norm spike",
+          "Clip gradients (see the suggested value) and look at the batch of that step."),
+    _spec("grad.dead_units", "warning", "Dead units or layers with zero gradient",
+          "Check biases and init that push ReLUs below zero; try LeakyReLU or a lower LR."),
+    _spec("grad.update_ratio", "warning", "Update-to-weight ratio far from ~1e-3",
+          "Far above: lower the learning rate; far below: raise it (per layer in the evidence)."),
+    # 9. numerics
+    _spec("numerics.nonfinite_loss", "error", "The loss became NaN/Inf in the loss computation",
+          "Every module output was finite: use stable loss functions (`F.cross_entropy` on "
+          "logits, `log_softmax`) instead of `log(softmax(z))`, and guard divisions."),
+    _spec("numerics.nonfinite_forward", "error", "A module's output became NaN/Inf",
+          "Look at the named layer: a division by a zero std, a log of zero, an overflowing exp."),
+    _spec("numerics.nonfinite_backward", "error", "A gradient became NaN/Inf in backward",
+          "Forward was finite: look for `sqrt`, `pow` or `norm` at zero and divisions whose "
+          "derivative blows up; add an epsilon."),
+    _spec("numerics.nonfinite_params", "error", "Parameters became NaN/Inf",
+          "An update wrote non-finite values: lower the learning rate, clip gradients."),
+    _spec("numerics.precision_overflow", "error", "Overflow in reduced precision, finite in float32",
+          "Keep the named layer in float32 (autocast disabled), rescale it, or use bf16."),
+    _spec("numerics.near_overflow", "warning", "Activations approach the dtype's limit",
+          "Rescale the layer or keep it in float32 before it overflows."),
+    # meta
+    _spec("triage.check_error", "warning", "A triage check failed internally and was disabled",
+          "The training run was not affected. Please report it with the evidence; pass "
+          "`strict=True` to raise instead."),
+)
+
+#: Every known finding code, with its stage, default severity, title and hint.
+CODES: dict[str, CodeSpec] = {spec.code: spec for spec in _SPECS}
+
+
+def register_code(code: str, severity: Severity, title: str, hint: str) -> CodeSpec:
+    """Register a new finding code (codes are never renamed; new ones may be added).
+
+    Raises:
+        ValueError: if the code's stage is unknown, the severity is invalid, or the code exists
+            with a different definition.
+    """
+    stage = code.split(".", 1)[0]
+    if "." not in code or stage not in (*STAGES, META_STAGE):
+        raise ValueError(f"Finding code {code!r} must be `<stage>.<name>` with stage in {STAGES}.")
+    if severity not in SEVERITIES:
+        raise ValueError(f"`severity` must be one of {SEVERITIES}, got {severity!r}.")
+    spec = CodeSpec(code, severity, title, hint)
+    if code in CODES and CODES[code] != spec:
+        raise ValueError(f"Finding code {code!r} is already registered differently.")
+    CODES[code] = spec
+    return spec
+
+
+def stage_index(stage: str) -> int:
+    """Position of ``stage`` in the protocol (the meta stage sorts last)."""
+    return STAGES.index(stage) if stage in STAGES else len(STAGES)
+
+
+def _jsonable(value: Any) -> Any:
+    """Convert evidence values (numpy/torch scalars, tuples, non-finite floats) to JSON types."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if hasattr(value, "tolist"):  # numpy arrays/scalars, torch tensors
+        return _jsonable(value.tolist())
+    if hasattr(value, "item"):
+        return _jsonable(value.item())
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: what was found, with the numbers, and what to check next.
+
+    Build findings with :meth:`Finding.create`, which checks the code against the registry and
+    fills in the default severity, title and hint.
+    """
+
+    code: str
+    severity: Severity
+    title: str
+    message: str
+    hint: str
+    check: str
+    global_step: int | None = None
+    epoch: int | None = None
+    rank: int = 0
+    layer: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls,
+        code: str,
+        message: str,
+        *,
+        check: str,
+        severity: Severity | None = None,
+        title: str | None = None,
+        hint: str | None = None,
+        global_step: int | None = None,
+        epoch: int | None = None,
+        rank: int = 0,
+        layer: str | None = None,
+        evidence: Mapping[str, Any] | None = None,
+    ) -> Finding:
+        """Create a finding for a registered ``code``.
+
+        Raises:
+            ValueError: if ``code`` is not registered or ``severity`` is not a known severity.
+        """
+        spec = CODES.get(code)
+        if spec is None:
+            raise ValueError(
+                f"Unknown finding code {code!r}. Known codes: {', '.join(sorted(CODES))}."
+            )
+        severity = spec.severity if severity is None else severity
+        if severity not in SEVERITIES:
+            raise ValueError(f"`severity` must be one of {SEVERITIES}, got {severity!r}.")
+        return cls(
+            code=code,
+            severity=severity,
+            title=spec.title if title is None else title,
+            message=message,
+            hint=spec.hint if hint is None else hint,
+            check=check,
+            global_step=None if global_step is None else int(global_step),
+            epoch=None if epoch is None else int(epoch),
+            rank=int(rank),
+            layer=layer,
+            evidence=_jsonable(dict(evidence or {})),
+        )
+
+    @property
+    def stage(self) -> str:
+        """The protocol stage of the finding (the part of the code before the dot)."""
+        return self.code.split(".", 1)[0]
+
+    @property
+    def is_problem(self) -> bool:
+        """Whether the finding is an error or a warning (not context)."""
+        return self.severity != "info"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The finding as a JSON-ready dict (the report schema's ``findings[]`` item)."""
+        out = asdict(self)
+        return {key: out[key] for key in _FIELD_ORDER}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        """Rebuild a finding from :meth:`to_dict` output (e.g. a checkpoint or report)."""
+        return cls(**{key: data[key] for key in _FIELD_ORDER if key in data})
+
+
+_FIELD_ORDER = (
+    "code", "severity", "title", "message", "hint", "global_step", "epoch", "rank", "layer",
+    "evidence", "check",
+)
+
+
+def sort_findings(findings: Sequence[Finding]) -> list[Finding]:
+    """Sort by protocol stage, then ``global_step`` (unknown steps last), then severity."""
+
+    def key(f: Finding) -> tuple[int, float, int]:
+        step = math.inf if f.global_step is None else f.global_step
+        return stage_index(f.stage), step, SEVERITIES.index(f.severity)
+
+    return sorted(findings, key=key)
+
+
+def start_here(findings: Sequence[Finding]) -> str | None:
+    """The code of the first problem (error or warning) in protocol order, or ``None``."""
+    for f in sort_findings(findings):
+        if f.is_problem and f.stage in STAGES:
+            return f.code
+    return None

@@ -1,0 +1,11 @@
+"""Shared fixtures: small real Trainers on CPU, one thread, no logger, no progress bar."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread() -> None:
+    torch.set_num_threads(1)

@@ -1,0 +1,39 @@
+"""Helpers for tests: tiny Trainers and models over real data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_triage.findings import Finding
+
+
+def make_trainer(tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> pl.Trainer:
+    """A quiet CPU Trainer writing under ``tmp_path``."""
+    defaults: dict[str, Any] = dict(
+        default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, accelerator="cpu",
+        max_epochs=1, limit_train_batches=4, limit_val_batches=2, num_sanity_val_steps=0,
+    )
+    defaults.update(kwargs)
+    return pl.Trainer(callbacks=callbacks, **defaults)
+
+
+def loader(*tensors: torch.Tensor, batch_size: int = 32, shuffle: bool = False) -> DataLoader:
+    return DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=shuffle,
+                      generator=torch.Generator().manual_seed(0) if shuffle else None)
+
+
+def codes(findings: list[Finding] | Any) -> set[str]:
+    """The codes of a list of findings (or of a report dict's findings)."""
+    if isinstance(findings, dict):
+        return {f["code"] for f in findings["findings"]}
+    return {f.code for f in findings}
+
+
+def stage_codes(findings: list[Finding], stage: str) -> set[str]:
+    return {f.code for f in findings if f.stage == stage}
