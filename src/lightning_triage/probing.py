@@ -51,7 +51,7 @@ def isolated(module: nn.Module, optimizers: Sequence[Optimizer] = ()) -> Iterato
         >>> with isolated(net):
         ...     _ = net.eval()
         ...     with torch.no_grad():
-        ...         net[0].weight.add_(1.0)
+        ...         _ = net[0].weight.add_(1.0)
         >>> bool(torch.equal(net[0].weight, before)), net.training
         (True, True)
     """
