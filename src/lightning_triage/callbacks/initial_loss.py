@@ -179,6 +179,7 @@ class InitialLossCheck(TriageCallback):
             f"{', '.join(TASKS[1:])}) and `num_classes=` to check it.",
             evidence={"output_shape": None if output is None else list(output.shape),
                       "target_shape": None if targets is None else list(targets.shape)},
+            global_step=0,
         )
 
     def _compare(self, trainer: pl.Trainer, loss: float, level: ChanceLevel) -> None:
@@ -204,11 +205,15 @@ class InitialLossCheck(TriageCallback):
                 evidence=evidence, global_step=0,
             )
         elif result.verdict == "below":
+            reference = (f"the chance level {level.describe()}" if level.task != "regression"
+                         else "the smallest constant-prediction baseline")
+            if level.task != "regression" and result.reference < level.value:
+                reference = (f"the best constant predictor's loss {result.reference:.4g} "
+                             f"(chance level {level.describe()})")
             self.add_finding(
                 trainer, "init.loss_below_chance",
-                f"step-0 loss {loss:.4g} is only {result.ratio:.3f}x the "
-                f"{'chance level ' + level.describe() if level.task != 'regression' else 'smallest baseline'}"
-                f" ({result.reference:.4g}): a fresh model cannot do that well.",
+                f"step-0 loss {loss:.4g} is only {result.ratio:.3f}x {reference}: a fresh model "
+                "cannot do that well.",
                 evidence=evidence, global_step=0,
             )
 

@@ -21,6 +21,15 @@ from lightning_triage.findings import Finding
 from lightning_triage.report import ReportStatus, build_report, print_report, write_report
 
 
+def strategy_name(strategy: object) -> str:
+    """Short strategy name: ``strategy_name`` where the class has one, else ``DDPStrategy`` ->
+    ``ddp``, ``FSDPStrategy`` -> ``fsdp``."""
+    name = getattr(type(strategy), "strategy_name", None)
+    if isinstance(name, str):
+        return name
+    return type(strategy).__name__.removesuffix("Strategy").lower() or "unknown"
+
+
 def run_info(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
     """The ``run`` section of the report."""
     strategy = trainer.strategy
@@ -28,7 +37,7 @@ def run_info(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, An
         "lightning": lightning.__version__,
         "torch": torch.__version__,
         "precision": str(trainer.precision),
-        "strategy": str(getattr(type(strategy), "strategy_name", type(strategy).__name__)),
+        "strategy": strategy_name(strategy),
         "world_size": int(trainer.world_size),
         "global_step": int(trainer.global_step),
         "epochs": int(trainer.current_epoch),

@@ -222,5 +222,5 @@ def compare_to_chance(loss: float, level: ChanceLevel, *, above_ratio: float = 2
         return ChanceComparison("above", ratio, chance)
     floor = min(chance, level.prior) if level.prior is not None else chance
     if loss < below_ratio * floor:
-        return ChanceComparison("below", ratio, floor)
+        return ChanceComparison("below", loss / floor, floor)
     return ChanceComparison("ok", ratio, chance)

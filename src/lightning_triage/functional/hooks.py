@@ -40,7 +40,7 @@ def capture_last_output(module: nn.Module) -> Iterator[LastOutput]:
 
     The outermost module called by the user's code finishes last, so this is the model's head
     output whether ``training_step`` calls ``self(x)``, ``self.net(x)`` or a bare layer. Loss
-    modules (``nn.CrossEntropyLoss`` ...) are ignored. Hooks are removed when the block exits.
+    modules (``nn.CrossEntropyLoss`` ...) and 0-d outputs (losses) are ignored. Hooks are removed when the block exits.
 
     Example:
         >>> import torch
@@ -56,7 +56,9 @@ def capture_last_output(module: nn.Module) -> Iterator[LastOutput]:
     def make_hook(name: str) -> Any:
         def hook(mod: nn.Module, args: Any, output: Any) -> None:
             tensor = _first_float_tensor(output)
-            if tensor is not None:
+            # a 0-d output is a loss, e.g. Lightning's DDP wrapper redirects the LightningModule's
+            # forward to `training_step`: keep the head's output seen before it
+            if tensor is not None and tensor.ndim > 0:
                 captured.module_name = name
                 captured.output = tensor.detach()
 

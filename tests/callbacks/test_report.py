@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import lightning.pytorch as pl
+import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor
+
+from lightning_triage import InitialLossCheck, Triage, TriageReport
+from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.demo.digits import DigitsMLP, digits_loaders
+from lightning_triage.report import REPORT_SCHEMA
+from tests.helpers import codes, make_trainer
+
+
+def read_report(directory: Path) -> dict[str, Any]:
+    report = json.loads((directory / "triage_report.json").read_text())
+    jsonschema.validate(report, REPORT_SCHEMA)
+    return report
+
+
+def test_report_is_written_and_valid(tmp_path: Path) -> None:
+    train, val = digits_loaders()
+    trainer = make_trainer(tmp_path, [Triage(strict=True, report_dir=tmp_path / "triage")])
+    trainer.fit(DigitsMLP(logit_scale=100.0), train, val)
+    report = read_report(tmp_path / "triage")
+    assert report["schema"] == "lightning-triage/report/1"
+    assert report["status"] == "completed"
+    assert report["start_here"] == "init.loss_above_chance"
+    assert report["run"]["model"] == "DigitsMLP"
+    assert report["run"]["trainable_params"] == 64 * 32 + 32 + 32 * 10 + 10
+    assert report["run"]["global_step"] == 4
+    assert report["run"]["precision"] == "32-true"
+    assert {"check": "InitialLossCheck", "status": "failed"}.items() <= report["checks"][0].items()
+    markdown = (tmp_path / "triage" / "triage_report.md").read_text()
+    assert "## Start here: `init.loss_above_chance`" in markdown
+
+
+def test_healthy_report_has_no_start_here(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    train, val = digits_loaders()
+    triage = Triage(strict=True)
+    trainer = make_trainer(tmp_path, [triage])
+    trainer.fit(DigitsMLP(), train, val)
+    report = read_report(tmp_path)  # default: default_root_dir when there is no logger
+    assert report["start_here"] is None
+    assert report == triage.report.report
+    assert "No problems found" in capsys.readouterr().out
+
+
+def test_report_dir_defaults_to_the_loggers_log_dir(tmp_path: Path) -> None:
+    from lightning.pytorch.loggers import CSVLogger
+
+    train, _ = digits_loaders()
+    logger = CSVLogger(tmp_path, name="exp")
+    trainer = make_trainer(tmp_path, [Triage(strict=True, verbose=False)], logger=logger)
+    trainer.fit(DigitsMLP(), train)
+    assert (Path(logger.log_dir) / "triage_report.json").exists()
+
+
+class Crashes(DigitsMLP):
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        if self.global_step == 2:
+            raise RuntimeError("boom at step 2")
+        return super().training_step(batch, batch_idx)
+
+
+def test_crash_in_training_step_still_writes_the_report(tmp_path: Path) -> None:
+    train, _ = digits_loaders()
+    trainer = make_trainer(tmp_path, [Triage(strict=True, verbose=False)])
+    with pytest.raises(RuntimeError, match="boom at step 2"):
+        trainer.fit(Crashes(logit_scale=100.0), train)
+    report = read_report(tmp_path)
+    assert report["status"] == "crashed"
+    assert report["run"]["global_step"] == 2
+    assert codes(report) == {"init.loss_above_chance"}
+
+
+def test_keyboard_interrupt_writes_an_interrupted_report(tmp_path: Path) -> None:
+    class Interrupted(DigitsMLP):
+        def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+            if batch_idx == 1:
+                raise KeyboardInterrupt
+            return super().training_step(batch, batch_idx)
+
+    train, _ = digits_loaders()
+    trainer = make_trainer(tmp_path, [Triage(strict=True, verbose=False)])
+    with pytest.raises(SystemExit):  # Lightning exits after a graceful shutdown
+        trainer.fit(Interrupted(), train)
+    assert read_report(tmp_path)["status"] == "interrupted"
+
+
+class BrokenCheck(TriageCallback):
+    @guarded
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.mark_ran()
+        raise ZeroDivisionError("bug inside the check")
+
+
+def test_internal_error_in_a_check_does_not_stop_fit(tmp_path: Path) -> None:
+    train, _ = digits_loaders()
+    broken = BrokenCheck()
+    trainer = make_trainer(tmp_path, [broken, TriageReport(verbose=False)])
+    trainer.fit(DigitsMLP(), train)
+    assert trainer.global_step == 4  # the run went on
+    assert broken.disabled
+    report = read_report(tmp_path)
+    assert codes(report) == {"triage.check_error"}
+    assert report["start_here"] is None  # our own bug is never where the user starts
+    [status] = report["checks"]
+    assert status["status"] == "error"
+    assert "ZeroDivisionError" in status["detail"]
+
+
+def test_internal_error_raises_with_strict(tmp_path: Path) -> None:
+    train, _ = digits_loaders()
+    trainer = make_trainer(tmp_path, [BrokenCheck(strict=True), TriageReport(verbose=False)])
+    with pytest.raises(ZeroDivisionError, match="bug inside the check"):
+        trainer.fit(DigitsMLP(), train)
+    assert read_report(tmp_path)["status"] == "crashed"
+
+
+def test_unwritable_report_dir_is_rejected_at_setup(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    train, _ = digits_loaders()
+    trainer = make_trainer(tmp_path, [Triage(report_dir=blocker / "triage")])
+    with pytest.raises(ValueError, match=r"`report_dir` '.*a_file/triage' is not writable"):
+        trainer.fit(DigitsMLP(), train)
+
+
+def test_resume_from_checkpoint_keeps_the_findings(tmp_path: Path) -> None:
+    train, _ = digits_loaders()
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    trainer = make_trainer(tmp_path, [Triage(strict=True, verbose=False), ckpt],
+                           enable_checkpointing=True)
+    trainer.fit(DigitsMLP(logit_scale=100.0), train)
+
+    resumed = Triage(strict=True, verbose=False)
+    trainer = make_trainer(tmp_path / "resumed", [resumed], max_epochs=2)
+    trainer.fit(DigitsMLP(logit_scale=100.0), train, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    check = resumed.check("InitialLossCheck")
+    assert [f.code for f in check.findings] == ["init.loss_above_chance"]
+    assert check.findings[0].global_step == 0
+    report = read_report(tmp_path / "resumed")
+    assert report["run"]["global_step"] == 8
+    assert codes(report) == {"init.loss_above_chance"}
+
+
+def test_callbacks_pickle_after_fit(tmp_path: Path) -> None:
+    train, _ = digits_loaders()
+    triage = Triage(strict=True, verbose=False)
+    make_trainer(tmp_path, [triage]).fit(DigitsMLP(logit_scale=100.0), train)
+    clone = pickle.loads(pickle.dumps(triage))
+    assert clone.check("InitialLossCheck").findings == triage.check("InitialLossCheck").findings
+    state = triage.state_dict()
+    fresh = Triage()
+    fresh.load_state_dict(state)
+    assert fresh.check("InitialLossCheck").findings == triage.check("InitialLossCheck").findings
+
+
+def test_standalone_checks_and_report(tmp_path: Path) -> None:
+    train, _ = digits_loaders()
+    check = InitialLossCheck(strict=True)
+    trainer = make_trainer(tmp_path, [TriageReport(verbose=False), check])
+    trainer.fit(DigitsMLP(logit_scale=100.0), train)
+    assert codes(read_report(tmp_path)) == {"init.loss_above_chance"}
+
+
+def test_bundle_configuration_errors() -> None:
+    with pytest.raises(ValueError, match="`task` must be one of"):
+        Triage(task="vision")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`num_classes` must be an integer >= 2"):
+        Triage(num_classes=1)
