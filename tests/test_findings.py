@@ -51,7 +51,7 @@ def test_info_codes_are_info() -> None:
 
 
 def test_unknown_code_is_rejected() -> None:
-    with pytest.raises(ValueError, match="Unknown finding code 'init.loss_too_high'"):
+    with pytest.raises(ValueError, match=r"Unknown finding code 'init.loss_too_high'"):
         Finding.create("init.loss_too_high", "x", check="T")
 
 
@@ -101,7 +101,7 @@ def test_sort_by_stage_then_step_and_start_here() -> None:
 def test_register_code_validates() -> None:
     spec = register_code("overfit.test_only_code", "info", "Title", "Hint")
     assert CODES["overfit.test_only_code"] == spec
-    with pytest.raises(ValueError, match="must be `<stage>.<name>`"):
+    with pytest.raises(ValueError, match=r"must be `<stage>.<name>`"):
         register_code("nostage", "info", "t", "h")
     with pytest.raises(ValueError, match="already registered differently"):
         register_code("init.loss_above_chance", "info", "t", "h")

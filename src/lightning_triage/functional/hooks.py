@@ -40,7 +40,8 @@ def capture_last_output(module: nn.Module) -> Iterator[LastOutput]:
 
     The outermost module called by the user's code finishes last, so this is the model's head
     output whether ``training_step`` calls ``self(x)``, ``self.net(x)`` or a bare layer. Loss
-    modules (``nn.CrossEntropyLoss`` ...) and 0-d outputs (losses) are ignored. Hooks are removed when the block exits.
+    modules (``nn.CrossEntropyLoss`` ...) and 0-d outputs (losses) are ignored. Hooks are
+    removed when the block exits.
 
     Example:
         >>> import torch
