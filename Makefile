@@ -3,14 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
+LIGHTNING_VERSION := 2.6.6
 
 .PHONY: demo test lint typecheck unit venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned: the tested version, and no multi-GB CUDA download where a CPU build is at hand
-	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	# torch (and lightning) first, pinned: the tested versions, and no multi-GB CUDA download
+	# where a CPU build is at hand
+	$(PY) -m pip install -q torch==$(TORCH_VERSION) lightning==$(LIGHTNING_VERSION)
 
 venv: $(PY)
 
