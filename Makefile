@@ -9,7 +9,6 @@ LIGHTNING_VERSION := 2.6.6
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	# torch (and lightning) first, pinned: the tested versions, and no multi-GB CUDA download
 	# where a CPU build is at hand
 	$(PY) -m pip install -q torch==$(TORCH_VERSION) lightning==$(LIGHTNING_VERSION)
