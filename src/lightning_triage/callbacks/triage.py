@@ -14,6 +14,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback
+from lightning_triage.callbacks.batch_inspector import BatchInspector
 from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.functional.chance import Task
@@ -71,6 +72,7 @@ class Triage(Callback):
         self.strict = strict
         self.verbose = verbose
         self.checks: list[TriageCallback] = [
+            BatchInspector(num_classes=num_classes, strict=strict),
             InitialLossCheck(task=task, num_classes=num_classes, strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from numbers import Number
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from torch import Tensor
 
@@ -23,7 +23,7 @@ TARGET_KEYS = ("label", "labels", "target", "targets", "y", "tgt", "class", "cla
 
 #: How a user names an entry of the batch: a key or attribute name, a position in a sequence,
 #: or a callable that takes the batch and returns the tensor.
-BatchKey = Union[str, int, Callable[[Any], Any]]
+BatchKey = str | int | Callable[[Any], Any]
 
 _MAX_DEPTH = 6
 _MAX_ITEMS = 64
