@@ -173,6 +173,7 @@ class BatchInspector(TriageCallback):
         self._probe_y: list[Tensor] = []
         self._probe_seen = FingerprintStore(probe_examples)
         self._probe_count = 0
+        self._probe_detail = ""
         self._capture: ExitStack | None = None
         self._captured: LastOutput | None = None
         self._pending: dict[str, Any] | None = None
@@ -185,6 +186,11 @@ class BatchInspector(TriageCallback):
             return False
         self._reported.add(key)
         return True
+
+    def _describe(self) -> str:
+        text = (f"inspected {self.train_inspected} training and {len(self._val_inspected)} "
+                "validation batches")
+        return f"{text}; {self._probe_detail}" if self._probe_detail else text
 
     def _where(self, split: str, batch_idx: int, dataloader_idx: int = 0) -> str:
         if split == "train":
@@ -312,7 +318,7 @@ class BatchInspector(TriageCallback):
             if fingerprint:
                 self.val_fingerprinted += 1
         if inspect:
-            self.mark_ran(self.detail if self.detail else "inspected the first batches")
+            self.mark_ran(self._describe())
             self._inspect(trainer, layout, split, batch_idx, dataloader_idx, step)
         if fingerprint:
             self._fingerprint(trainer, layout, split, batch_idx, dataloader_idx, step)
@@ -541,7 +547,7 @@ class BatchInspector(TriageCallback):
         if "imbalance" in self._done or sum(self.class_totals.values()) < 64:
             return
         self._done.add("imbalance")
-        result = class_imbalance(self.class_totals, self._batch_classes, self.num_classes)
+        result = class_imbalance(self.class_totals, self._batch_classes, self.classes)
         total = sum(self.class_totals.values())
         top = sorted(self.class_totals.items(), key=lambda kv: -kv[1])[:10]
         evidence = {"counts": {str(k): c for k, c in sorted(self.class_totals.items())[:100]},
@@ -549,22 +555,22 @@ class BatchInspector(TriageCallback):
                     "threshold": result.threshold, "one_class_batches": result.one_class_batches,
                     "batches": result.batches, "expected_one_class": result.expected_one_class}
         dist = ", ".join(f"{k}: {c}" for k, c in top)
-        if result.dominated:
-            self.add_finding(
-                trainer, "data.class_imbalance",
-                f"Class {result.dominant} is {result.share:.0%} of the {total} training targets "
-                f"seen in the first {self.train_inspected} batches (counts {dist}). Judge the "
-                "loss against the class prior, not uniform chance; if unexpected, check the "
-                "sampler and the labels; else use class weights or a balanced sampler.",
-                evidence=evidence,
-            )
-        elif result.sorted_batches:
+        if result.sorted_batches:
             self.add_finding(
                 trainer, "data.class_imbalance",
                 f"{result.one_class_batches} of the first {result.batches} training batches hold "
                 f"a single class (expected {result.expected_one_class:.2g} with this class mix: "
                 f"counts {dist}): the loader is not shuffled over data sorted by class. Pass "
                 "`shuffle=True` (or a shuffling sampler) to the training `DataLoader`.",
+                evidence=evidence,
+            )
+        elif result.dominated:
+            self.add_finding(
+                trainer, "data.class_imbalance",
+                f"Class {result.dominant} is {result.share:.0%} of the {total} training targets "
+                f"seen in the first {self.train_inspected} batches (counts {dist}). Judge the "
+                "loss against the class prior, not uniform chance; if unexpected, check the "
+                "sampler and the labels; else use class weights or a balanced sampler.",
                 evidence=evidence,
             )
 
@@ -624,9 +630,10 @@ class BatchInspector(TriageCallback):
         if result is None:
             return
         evidence = result.to_dict()
-        self.detail = (f"label probe on {result.examples} examples: 1-NN {result.knn:.2f} vs "
-                       f"{result.knn_null:.2f} shuffled, centroid {result.centroid:.2f} vs "
-                       f"{result.centroid_null:.2f}")
+        self._probe_detail = (f"label probe on {result.examples} examples: 1-NN "
+                              f"{result.knn:.2f} vs {result.knn_null:.2f} shuffled, centroid "
+                              f"{result.centroid:.2f} vs {result.centroid_null:.2f}")
+        self.detail = self._describe()
         if not result.related():
             self.add_finding(
                 trainer, "data.label_misalignment",
@@ -669,9 +676,9 @@ class BatchInspector(TriageCallback):
         if inferred is None or inferred[0] not in ("multiclass", "sequence") or not inferred[1]:
             return
         self.classes = int(inferred[1])
-        layer = captured.module_name or "the model"
+        layer = captured.module_name or type(trainer.lightning_module).__name__
         self.classes_source = (f"the model's output width ({tuple(captured.output.shape)} from "
-                               f"`{layer or type(trainer.lightning_module).__name__}`)")
+                               f"`{layer}`)")
         self._check_targets(trainer, targets, last["target_name"], last["split"],
                             last["batch_idx"], last["dataloader_idx"], last["global_step"])
 
