@@ -174,6 +174,7 @@ class BatchInspector(TriageCallback):
         self._probe_seen = FingerprintStore(probe_examples)
         self._probe_count = 0
         self._probe_detail = ""
+        self._no_class_count = False
         self._capture: ExitStack | None = None
         self._captured: LastOutput | None = None
         self._pending: dict[str, Any] | None = None
@@ -323,8 +324,8 @@ class BatchInspector(TriageCallback):
         if fingerprint:
             self._fingerprint(trainer, layout, split, batch_idx, dataloader_idx, step)
         targets = layout.targets
-        if (inspect and self.classes is None and targets is not None and is_class_target(targets)
-                and self._capture is None):
+        if (inspect and self.classes is None and not self._no_class_count and targets is not None
+                and is_class_target(targets) and self._capture is None):
             self._arm(trainer, pl_module)
 
     def _inspect(self, trainer: pl.Trainer, layout: BatchLayout, split: str, batch_idx: int,
@@ -559,8 +560,9 @@ class BatchInspector(TriageCallback):
             self.add_finding(
                 trainer, "data.class_imbalance",
                 f"{result.one_class_batches} of the first {result.batches} training batches hold "
-                f"a single class (expected {result.expected_one_class:.2g} with this class mix: "
-                f"counts {dist}): the loader is not shuffled over data sorted by class. Pass "
+                f"a single class, where a shuffled loader would give a share of "
+                f"{result.expected_one_class:.2g} with this class mix (counts {dist}): the "
+                "loader is not shuffled over data sorted by class. Pass "
                 "`shuffle=True` (or a shuffling sampler) to the training `DataLoader`.",
                 evidence=evidence,
             )
@@ -687,6 +689,9 @@ class BatchInspector(TriageCallback):
             return
         try:
             self._learn_classes(trainer)
+            captured = self._captured
+            if self.classes is None and captured is not None and captured.output is not None:
+                self._no_class_count = True  # e.g. a binary head: stop arming hooks
         finally:
             self._close_capture()
 
