@@ -546,3 +546,36 @@ def test_argument_validation():
         BatchInspector(max_rms=0.5)
     with pytest.raises(ValueError, match="duplicate_fraction"):
         BatchInspector(duplicate_fraction=0)
+
+
+class VarLen(pl.LightningModule):
+    """Float sequences whose length changes from batch to batch, in bf16, plus a sparse mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 3)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x = batch["x"].float().mean(1)
+        return F.cross_entropy(self.head(x), batch["y"]) + 0 * batch["mask"].to_dense().sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_odd_batches_do_not_break_the_inspector(tmp_path):
+    g = torch.Generator().manual_seed(0)
+
+    def collate(items: list[int]) -> dict[str, Any]:
+        length = 3 + len(items) % 5 + items[0] % 4
+        return {"x": torch.randn(len(items), length, 4, generator=g).to(torch.bfloat16),
+                "y": torch.randint(0, 3, (len(items),), generator=g),
+                "mask": torch.eye(len(items)).to_sparse(), "names": [str(i) for i in items]}
+
+    dl = DataLoader(list(range(300)), batch_size=33, collate_fn=collate)  # last batch: 3
+    bi = inspector()
+    fit(tmp_path, VarLen(), dl, None, [bi], max_epochs=2, limit_train_batches=10)
+    assert bi.check_status()["status"] in ("passed", "failed")
+    assert bi.train_inspected == 20
+    assert "data.unknown_batch_structure" not in codes(bi.findings)
+    assert {s["tensors"][0]["dtype"] for s in bi.batch_stats} == {"bfloat16"}

@@ -201,6 +201,13 @@ class BatchInspector(TriageCallback):
 
     def _layout(self, trainer: pl.Trainer, batch: Any) -> BatchLayout | None:
         layout = locate_batch(batch, self.input_key, self.target_key)
+        if layout.inputs is not None and (layout.inputs.layout != torch.strided
+                                          or layout.inputs.is_nested):
+            layout = BatchLayout(None, None, None, None, layout.tensors,
+                                 f"the input `{layout.input_name}` is a sparse or nested tensor")
+        if layout.targets is not None and layout.targets.layout != torch.strided:
+            layout = BatchLayout(layout.inputs, None, layout.input_name, None, layout.tensors,
+                                 layout.note)
         if layout.inputs is None:
             if self._once("unknown_batch_structure"):
                 self.add_finding(
@@ -336,7 +343,7 @@ class BatchInspector(TriageCallback):
         where = self._where(split, batch_idx, dataloader_idx)
         summaries: list[TensorSummary] = []
         for name, t in layout.tensors[:16]:
-            if name == layout.target_name:
+            if name == layout.target_name or t.layout != torch.strided:
                 continue
             summary = summarize_tensor(t, name)
             summaries.append(summary)
@@ -466,8 +473,12 @@ class BatchInspector(TriageCallback):
     def _collect_probe(self, x: Tensor, y: Tensor) -> None:
         if self._probe_count >= self.probe_examples or x.ndim == 0 or x.shape[0] != y.shape[0]:
             return
+        width = flat_features(x[:1]).shape[1]
+        if self._probe_x and self._probe_x[0].shape[1] != width:
+            return  # inputs of another shape than the first batch's
         fps = example_fingerprints(x)
-        keep = [i for i, fp in enumerate(fps) if fp not in self._probe_seen]
+        labelled = (y.detach() >= 0).reshape(-1).tolist()  # ignore_index and padding out
+        keep = [i for i, fp in enumerate(fps) if labelled[i] and fp not in self._probe_seen]
         for i in keep:
             self._probe_seen.add(fps[i])
         keep = keep[: self.probe_examples - self._probe_count]

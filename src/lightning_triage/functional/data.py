@@ -64,28 +64,28 @@ def summarize_tensor(t: Tensor, name: str = "tensor") -> TensorSummary:
     if numel == 0 or t.is_complex():
         return TensorSummary(name, shape, dtype, numel, 0, 0, None, None, None, None, None)
     x = t.detach()
-    if x.dtype == torch.bool:
-        x = x.to(torch.uint8)
-    x = x.double()
+    if not x.is_floating_point():
+        x = x.to(torch.float64 if x.dtype == torch.int64 else torch.float32)
+    elif x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
     if t.is_floating_point():
         nan_mask, inf_mask = torch.isnan(x), torch.isinf(x)
         finite = ~(nan_mask | inf_mask)
         n_finite = finite.sum()
-        vals = torch.where(finite, x, torch.zeros_like(x))
-        big = torch.finfo(torch.float64).max
-        lo = torch.where(finite, x, torch.full_like(x, big)).min()
-        hi = torch.where(finite, x, torch.full_like(x, -big)).max()
+        vals = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        lo = torch.where(finite, x, torch.full((), math.inf, dtype=x.dtype, device=x.device)).min()
+        hi = torch.where(finite, x, torch.full((), -math.inf, dtype=x.dtype, device=x.device)).max()
         nan, inf = nan_mask.sum(), inf_mask.sum()
     else:
-        n_finite = torch.tensor(numel, dtype=torch.float64, device=x.device)
+        n_finite = torch.tensor(numel, device=x.device)
         vals, lo, hi = x, x.min(), x.max()
         nan = inf = torch.zeros((), device=x.device)
     count = n_finite.clamp(min=1).double()
-    mean = vals.sum() / count
-    sq = (vals * vals).sum() / count
+    mean = vals.sum(dtype=torch.float64) / count
+    sq = vals.square().sum(dtype=torch.float64) / count
     var = (sq - mean * mean).clamp(min=0) * count / (count - 1).clamp(min=1)
-    packed = torch.stack([nan.double(), inf.double(), n_finite.double(), lo, hi, mean, var.sqrt(),
-                          sq.sqrt()]).tolist()
+    packed = torch.stack([nan.double(), inf.double(), n_finite.double(), lo.double(), hi.double(),
+                          mean, var.sqrt(), sq.sqrt()]).tolist()
     n_nan, n_inf, n_fin = int(packed[0]), int(packed[1]), int(packed[2])
     if n_fin == 0:
         return TensorSummary(name, shape, dtype, numel, n_nan, n_inf, None, None, None, None, None)
