@@ -432,6 +432,11 @@ def test_unknown_batch_structure_is_info_once(tmp_path, digits):
     fit(tmp_path, Odd(), odd, None, [bi2], limit_train_batches=3)
     assert stage_codes(bi2.findings, "data") == set()
     assert bi2.classes == 10
+    triage = Triage(report_dir=tmp_path, input_key="a", target_key="b", strict=True,
+                    verbose=False)
+    fit(tmp_path, Odd(), odd, None, [triage], limit_train_batches=3)
+    assert stage_codes(triage.check("BatchInspector").findings, "data") == set()
+    assert triage.check("BatchInspector").sample["target"] == "batch['b']"
 
 
 @dataclass
