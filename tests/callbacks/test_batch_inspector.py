@@ -292,9 +292,11 @@ def test_off_by_one_labels_crash_report_names_them(tmp_path, digits):
     assert not any(m._forward_hooks for m in trainer.lightning_module.modules())
 
 
-def test_off_by_one_in_sanity_check_with_triage_num_classes(tmp_path, digits):
+@pytest.mark.parametrize("num_classes", [10, None])
+def test_off_by_one_in_sanity_check_with_triage(tmp_path, digits, num_classes):
     train, val = off_by_one(digits)
-    triage = Triage(report_dir=tmp_path, num_classes=10, task="multiclass", strict=True,
+    task = "auto" if num_classes is None else "multiclass"
+    triage = Triage(report_dir=tmp_path, num_classes=num_classes, task=task, strict=True,
                     verbose=False)
     pl.seed_everything(0)
     trainer = make_trainer(tmp_path, [triage], num_sanity_val_steps=2)
@@ -305,7 +307,23 @@ def test_off_by_one_in_sanity_check_with_triage_num_classes(tmp_path, digits):
     assert "data.target_out_of_range" in codes(report)
     f = only(triage.check("BatchInspector").findings, "data.target_out_of_range")
     assert f.evidence["split"] == "val"
-    assert f.evidence["num_classes_from"] == "`num_classes`"
+    assert (f.evidence["num_classes_from"] == "`num_classes`") == (num_classes == 10)
+
+
+@pytest.mark.parametrize("num_batches", [32, 2])
+def test_bad_label_in_a_later_batch_is_named_before_the_crash(tmp_path, digits, num_batches):
+    x, y, _, _ = digits
+    y = y.clone()
+    y[y == 9] = 0
+    y[3 * 32 + 5] = 10  # only in batch 3, example 5
+    bi = inspector(num_batches=num_batches)  # with 2, batch 3 is past the window: checked on crash
+    report = TriageReport(report_dir=tmp_path, verbose=False, strict=True)
+    trainer = make_trainer(tmp_path, [bi, report], limit_train_batches=6)
+    with pytest.raises(IndexError):
+        trainer.fit(DigitsMLP(), loader(x, y), None)
+    f = only(bi.findings, "data.target_out_of_range")
+    assert (f.evidence["batch_idx"], f.evidence["first_example"], f.global_step) == (3, 5, 3)
+    assert report.report["start_here"] == "data.target_out_of_range"
 
 
 def test_class_imbalance_dominant_class(tmp_path, digits):
