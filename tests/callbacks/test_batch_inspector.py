@@ -118,7 +118,9 @@ class TokenData(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         labels = self.seq[i, 1:].clone()
         labels[-2:] = -100  # padding the loss ignores
-        return {"input_ids": self.seq[i, :-1], "labels": labels, "id": f"doc-{i}"}
+        causal_bias = torch.full((12, 12), float("-inf")).triu(1)  # an additive mask: -inf is fine
+        return {"input_ids": self.seq[i, :-1], "labels": labels, "id": f"doc-{i}",
+                "attn_bias": causal_bias}
 
 
 def test_token_sequences_are_silent(tmp_path):
@@ -194,6 +196,46 @@ def test_regression_targets_are_silent(tmp_path, digits):
         loader(xv, regression_targets(xv)), [bi], limit_train_batches=6, num_sanity_val_steps=1)
     assert stage_codes(bi.findings, "data") == set()
     assert bi.classes is None
+
+
+class CountRegressor(Regressor):
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return F.mse_loss(self(batch[0]).squeeze(1), batch[1].float())
+
+
+def test_integer_regression_targets_are_not_classes(tmp_path, digits):
+    x, _, _, _ = digits
+    counts = (x > 0.5).sum(1)  # integer targets 0..64 with a one-column output
+    bi = inspector()
+    pl.seed_everything(0)
+    fit(tmp_path, CountRegressor(), loader(x, counts, shuffle=True), None, [bi],
+        limit_train_batches=4)
+    assert "data.target_out_of_range" not in codes(bi.findings)
+    assert bi.classes is None
+
+
+class Embedder(Regressor):
+    """Metric learning: 16-d embeddings with identity labels up to 200 (not class scores)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(64, 16)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        emb = F.normalize(self(batch[0]), dim=1)
+        same = (batch[1][:, None] == batch[1][None]).float()
+        return F.mse_loss(emb @ emb.T, same)
+
+
+def test_labels_far_beyond_an_inferred_width_are_only_a_warning(tmp_path, digits):
+    x, _, _, _ = digits
+    ids = torch.arange(len(x)) % 200
+    bi = inspector()
+    pl.seed_everything(0)
+    fit(tmp_path, Embedder(), loader(x, ids, shuffle=True), None, [bi], limit_train_batches=2)
+    f = only(bi.findings, "data.target_out_of_range")
+    assert f.severity == "warning"
+    assert "num_classes=" in f.message
 
 
 def test_repeating_epochs_of_an_unshuffled_loader_are_not_repeated_batches(tmp_path, digits):

@@ -13,6 +13,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.findings import Severity
 from lightning_triage.functional.batch import BatchKey, BatchLayout, locate_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, infer_task
 from lightning_triage.functional.data import (
@@ -322,7 +323,7 @@ class BatchInspector(TriageCallback):
             if inspect:
                 self._val_inspected.add(key)
             limit = self.fingerprint_batches
-            fingerprint = inspect or (limit is None or self.val_fingerprinted < limit)
+            fingerprint = limit is None or self.val_fingerprinted < limit
             if fingerprint:
                 self.val_fingerprinted += 1
         if inspect:
@@ -347,7 +348,8 @@ class BatchInspector(TriageCallback):
                 continue
             summary = summarize_tensor(t, name)
             summaries.append(summary)
-            if summary.nan or summary.inf:
+            # other tensors may hold -inf on purpose (additive attention masks): NaN only there
+            if summary.nan or (summary.inf and name == layout.input_name):
                 self._nonfinite(trainer, "data.nonfinite_input", split, where, batch_idx, t,
                                 summary, step)
         target_summary = None
@@ -363,7 +365,7 @@ class BatchInspector(TriageCallback):
                 "tensors": [s.to_dict() for s in summaries]
                 + ([target_summary.to_dict()] if target_summary is not None else []),
             })
-        main = summaries[0] if summaries and summaries[0].name == layout.input_name else \
+        main = next((s for s in summaries if s.name == layout.input_name), None) or \
             summarize_tensor(x, layout.input_name)
         if split == "train":
             if self.sample is None:
@@ -455,6 +457,12 @@ class BatchInspector(TriageCallback):
         elif result.min < 0:
             guess = (f" Negative targets other than `ignore_index={self.ignore_index}`: a "
                      "padding value the loss does not ignore?")
+        severity: Severity | None = None
+        if self.num_classes is None and result.max >= 2 * k:
+            # far beyond the inferred width: the output may not be class scores (embeddings?)
+            severity = "warning"
+            guess += (" If the model's output is not class scores, pass `num_classes=` to "
+                      "`BatchInspector`/`Triage`.")
         where = self._where(split, batch_idx, dataloader_idx)
         self.add_finding(
             trainer, "data.target_out_of_range",
@@ -467,7 +475,7 @@ class BatchInspector(TriageCallback):
                       "values": result.values, "first_example": result.first_index,
                       "num_classes": k, "num_classes_from": self.classes_source,
                       "ignore_index": self.ignore_index},
-            global_step=step,
+            severity=severity, global_step=step,
         )
 
     def _collect_probe(self, x: Tensor, y: Tensor) -> None:
@@ -686,7 +694,8 @@ class BatchInspector(TriageCallback):
         if targets is None:
             return
         inferred = infer_task(captured.output, targets, self.ignore_index)
-        if inferred is None or inferred[0] not in ("multiclass", "sequence") or not inferred[1]:
+        if (inferred is None or inferred[0] not in ("multiclass", "sequence")
+                or inferred[1] is None or inferred[1] < 2):
             return
         self.classes = int(inferred[1])
         layer = captured.module_name or type(trainer.lightning_module).__name__
