@@ -644,3 +644,22 @@ def test_odd_batches_do_not_break_the_inspector(tmp_path):
     assert bi.train_inspected == 20
     assert "data.unknown_batch_structure" not in codes(bi.findings)
     assert {s["tensors"][0]["dtype"] for s in bi.batch_stats} == {"bfloat16"}
+
+
+def test_resume_keeps_findings_and_the_window(tmp_path, raw_digits):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    x, y, _, _ = raw_digits
+    first = inspector(num_batches=6)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    pl.seed_everything(0)
+    fit(tmp_path, DigitsMLP(), loader(x, y, shuffle=True), None, [first, ckpt],
+        enable_checkpointing=True, limit_train_batches=4)
+    assert first.train_inspected == 4
+    resumed = inspector(num_batches=6)
+    trainer = make_trainer(tmp_path, [resumed], max_epochs=2, limit_train_batches=4)
+    trainer.fit(DigitsMLP(), loader(x, y, shuffle=True), None,
+                ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert codes(resumed.findings) == {"data.unnormalized_input"}  # kept, and not reported twice
+    assert resumed.train_inspected == 6  # the window goes on where it stopped
+    assert resumed.sample == first.sample
