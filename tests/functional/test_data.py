@@ -144,6 +144,15 @@ def test_label_signal_does_not_accuse_a_weak_but_real_task():
     assert label_signal(x, y).related()
 
 
+def test_label_signal_skips_rare_classes_and_near_single_class_data(digits):
+    x, y = digits[0][:600], digits[1][:600]
+    rare = (y == 3).long()  # ~10% positives: still probed
+    assert label_signal(x, rare).related()
+    keep = torch.cat([torch.nonzero(y != 3).flatten()[:570], torch.nonzero(y == 3).flatten()[:5]])
+    assert label_signal(x[keep], (y[keep] == 3).long()) is None  # 5 positives of 575
+    assert label_signal(x[:20], y[:20]) is None
+
+
 def test_label_signal_leaves_global_rng_alone(digits):
     before = torch.get_rng_state()
     label_signal(digits[0][:128], digits[1][:128])

@@ -503,15 +503,16 @@ def _centroid_accuracy(x: Tensor, y: Tensor, classes: int, fold: Tensor) -> floa
     return correct / x.shape[0]
 
 
-def label_signal(inputs: Tensor, targets: Tensor, permutations: int = 100,
-                 seed: int = 0) -> LabelSignal | None:
+def label_signal(inputs: Tensor, targets: Tensor, permutations: int = 100, seed: int = 0,
+                 min_per_class: int = 8) -> LabelSignal | None:
     """Probe whether class ``targets`` are related to ``inputs`` at all.
 
     Fits closed-form probes on the examples (each flattened, downsampled to 256 features and
     standardized) and compares them with the same probes on permuted labels, drawn from a
     private generator (the global RNG is not touched). Shuffled labels give z-scores near 0; a
     real task, even a hard one, beats the permutations by several standard deviations.
-    ``None`` with fewer than 32 examples or 2 classes.
+    Classes with fewer than ``min_per_class`` examples are left out. ``None`` with fewer than 32
+    examples or 2 classes left, or when one class holds 95% of the examples.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -520,15 +521,18 @@ def label_signal(inputs: Tensor, targets: Tensor, permutations: int = 100,
         >>> label_signal(x, y).related(), label_signal(x, y[torch.randperm(300, generator=g)]).related()
         (True, False)
     """
-    n = inputs.shape[0]
     y_raw = targets.detach().reshape(-1).cpu().long()
-    if n < 32 or y_raw.numel() != n:
+    if y_raw.numel() != inputs.shape[0]:
         return None
-    values, y = y_raw.unique(return_inverse=True)
-    classes = values.numel()
-    if classes < 2:
+    values, y, counts = y_raw.unique(return_inverse=True, return_counts=True)
+    kept = counts[y] >= min_per_class  # too rare a class says nothing either way
+    if int(counts.max()) >= 0.95 * y.numel():
+        return None  # nearly one class: the probes cannot beat the majority meaningfully
+    x = flat_features(inputs).double().cpu()[kept]
+    values, y = y_raw[kept].unique(return_inverse=True)
+    n, classes = y.numel(), values.numel()
+    if n < 32 or classes < 2:
         return None
-    x = flat_features(inputs).double().cpu()
     x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
     std = x.std(0)
     x = (x - x.mean(0)) / torch.where(std > 1e-8, std, torch.ones_like(std))
