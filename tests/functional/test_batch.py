@@ -117,6 +117,23 @@ def test_object_with_tensor_attributes():
     assert "batch._cache" not in [n for n, _ in layout.tensors]
 
 
+class StoreBatch:
+    """Keeps its tensors in a private store and exposes them through `to_dict()`."""
+
+    def __init__(self) -> None:
+        self._store = {"x": X, "y": Y, "num_nodes": 4}
+
+    def to_dict(self) -> dict:
+        return dict(self._store)
+
+
+def test_object_with_to_dict():
+    layout = locate_batch(StoreBatch())
+    assert layout.inputs is X
+    assert layout.targets is Y
+    assert layout.input_name == "batch.x"
+
+
 def test_explicit_keys_index_and_callable():
     batch = {"feats": X, "answer": Y}
     layout = locate_batch(batch, input_key="feats", target_key="answer")

@@ -2,7 +2,8 @@
 
 Understood structures: a lone tensor (inputs only); tuples/lists ``(x, y)`` and
 ``(x, y, extra...)`` (non-tensor entries such as string ids are skipped); dicts and other
-mappings with common key names; namedtuples; dataclasses; plain objects with tensor attributes;
+mappings with common key names; namedtuples; dataclasses; plain objects with tensor attributes
+or a ``to_dict()`` method;
 any of these nested (``((x1, x2), y)``, ``{"inputs": {"input_ids": ...}, "labels": ...}``).
 A key, an index or a small callable names the entries otherwise.
 """
@@ -19,7 +20,7 @@ from torch import Tensor
 INPUT_KEYS = ("input", "inputs", "x", "image", "images", "img", "imgs", "pixel_values",
               "input_ids", "features", "feature", "data", "src", "source", "tokens", "text")
 TARGET_KEYS = ("label", "labels", "target", "targets", "y", "tgt", "class", "classes",
-               "class_id", "mask_label")
+               "class_id")
 
 #: How a user names an entry of the batch: a key or attribute name, a position in a sequence,
 #: or a callable that takes the batch and returns the tensor.
@@ -83,6 +84,14 @@ def _as_mapping(batch: Any) -> tuple[Mapping[Any, Any], bool] | None:
         public = {k: v for k, v in attrs.items() if not str(k).startswith("_")}
         if any(_contains_tensor(v, 1) for v in public.values()):
             return public, True
+    to_dict = getattr(batch, "to_dict", None)  # objects keeping their tensors in a store (PyG)
+    if callable(to_dict):
+        try:
+            entries = to_dict()
+        except Exception:
+            return None
+        if isinstance(entries, Mapping):
+            return entries, True
     return None
 
 
