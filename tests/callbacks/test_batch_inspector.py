@@ -307,6 +307,7 @@ def test_constant_input(tmp_path, digits):
     fit(tmp_path, DigitsMLP(), loader(broadcast, y), None, [bi], limit_train_batches=3)
     f = only(bi.findings, "data.constant_input")
     assert (f.evidence["batch_idx"], f.evidence["tensor"], f.evidence["examples"]) == (0, "batch[0]", 32)
+    assert "data.repeated_batch" not in codes(bi.findings)  # the same cause, reported once
 
 
 def off_by_one(digits):

@@ -526,7 +526,8 @@ class BatchInspector(TriageCallback):
         if split == "train":
             whole = batch_fingerprint(fps)
             previous = self._epoch_batches.get(whole)
-            if previous is not None and n >= 2 and self._once("repeated_batch"):
+            # a batch of one example repeated is `data.constant_input`, not a repeated batch
+            if previous is not None and n >= 2 and largest < n and self._once("repeated_batch"):
                 self.add_finding(
                     trainer, "data.repeated_batch",
                     f"{where} (step {step}) is identical to training batch {previous[0]} (step "
