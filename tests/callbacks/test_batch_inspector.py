@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -15,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightning_triage import BatchInspector, InitialLossCheck, Triage, TriageReport
 from lightning_triage.demo.digits import DigitsMLP, load_digits_tensors
+from lightning_triage.report import REPORT_SCHEMA
 from tests.helpers import codes, loader, make_trainer, stage_codes
 
 
@@ -331,6 +334,9 @@ def test_off_by_one_labels_crash_report_names_them(tmp_path, digits):
     assert (f.evidence["min"], f.evidence["max"], f.evidence["num_classes"]) == (1, 10, 10)
     assert "output width" in f.evidence["num_classes_from"]
     assert "1..10" in f.message
+    jsonschema.validate(report.report, REPORT_SCHEMA)
+    assert json.loads((tmp_path / "triage_report.json").read_text())["start_here"] == \
+        "data.target_out_of_range"
     assert bi._capture is None  # temporary hooks removed
     assert not any(m._forward_hooks for m in trainer.lightning_module.modules())
 
