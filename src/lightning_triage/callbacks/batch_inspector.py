@@ -84,7 +84,9 @@ class BatchInspector(TriageCallback):
         max_rms: report inputs whose root mean square exceeds this (standardized data: ~1).
         duplicate_fraction: report a batch when this share of its examples repeats others.
         probe: run the label-misalignment probe.
-        probe_examples: training examples the probe uses (the first distinct ones seen).
+        probe_examples: training examples the probe uses (the first distinct ones seen); it
+            runs with at least ``min(512, probe_examples)`` (fewer cannot clear a weak but
+            real task).
         strict: raise internal errors instead of disabling the check.
 
     Raises:
@@ -560,7 +562,8 @@ class BatchInspector(TriageCallback):
             self._evaluate_imbalance(trainer)
         if (self.probe and "probe" not in self._done
                 and (self._probe_count >= self.probe_examples
-                     or ((window_done or epoch_end or final) and self._probe_count >= 128))):
+                     or ((window_done or epoch_end or final)
+                         and self._probe_count >= min(512, self.probe_examples)))):
             self._done.add("probe")
             self._evaluate_probe(trainer)
 
