@@ -6,7 +6,13 @@ Example:
     >>> trainer = Trainer(callbacks=[Triage()])
 """
 
-from lightning_triage.callbacks import InitialLossCheck, Triage, TriageCallback, TriageReport
+from lightning_triage.callbacks import (
+    BatchInspector,
+    InitialLossCheck,
+    Triage,
+    TriageCallback,
+    TriageReport,
+)
 from lightning_triage.findings import CODES, STAGES, Finding
 
 __version__ = "0.1.0.dev0"
@@ -14,6 +20,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "CODES",
     "STAGES",
+    "BatchInspector",
     "Finding",
     "InitialLossCheck",
     "Triage",

@@ -91,6 +91,9 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("data.label_misalignment", "warning", "Targets look unrelated to the inputs",
           "Check that inputs and labels are indexed together (shuffled separately? sorted "
           "differently? an off-by-one join?)."),
+    _spec("data.unknown_batch_structure", "info", "The batch's inputs could not be found",
+          "Pass `input_key=` and `target_key=` (a key, an index or a callable) to "
+          "`BatchInspector` (or `Triage`) so the data checks can run."),
     # 2. init
     _spec("init.loss_above_chance", "error", "Step-0 loss is far above chance level",
           "Check the output scale (logits multiplied somewhere? a large init?), the label "

@@ -1,8 +1,9 @@
 """Lightning callbacks: one per protocol concern, the report, and the ``Triage`` bundle."""
 
 from lightning_triage.callbacks.base import TriageCallback
+from lightning_triage.callbacks.batch_inspector import BatchInspector
 from lightning_triage.callbacks.initial_loss import InitialLossCheck
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.triage import Triage
 
-__all__ = ["InitialLossCheck", "Triage", "TriageCallback", "TriageReport"]
+__all__ = ["BatchInspector", "InitialLossCheck", "Triage", "TriageCallback", "TriageReport"]

@@ -14,8 +14,10 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback
+from lightning_triage.callbacks.batch_inspector import BatchInspector
 from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
 from lightning_triage.callbacks.report import TriageReport
+from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
 
 
@@ -34,6 +36,9 @@ class Triage(Callback):
         causal: the model must not look at future positions (enables the causal probe).
         strict: raise internal errors of checks instead of disabling them (for tests).
         verbose: print the report summary at the end of fit.
+        input_key: where the inputs are in a batch the data stage cannot read by itself: a key
+            or attribute name, an index, or a callable ``batch -> tensor``.
+        target_key: where the targets are, the same way.
 
     Raises:
         ValueError: for an unknown ``task`` or ``num_classes < 2``.
@@ -62,6 +67,8 @@ class Triage(Callback):
         causal: bool = False,
         strict: bool = False,
         verbose: bool = True,
+        input_key: BatchKey | None = None,
+        target_key: BatchKey | None = None,
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -70,7 +77,11 @@ class Triage(Callback):
         self.causal = causal
         self.strict = strict
         self.verbose = verbose
+        self.input_key = input_key
+        self.target_key = target_key
         self.checks: list[TriageCallback] = [
+            BatchInspector(num_classes=num_classes, input_key=input_key, target_key=target_key,
+                           strict=strict),
             InitialLossCheck(task=task, num_classes=num_classes, strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)

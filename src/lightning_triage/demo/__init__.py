@@ -40,11 +40,21 @@ def _digits(**model_kwargs: Any) -> Callable[[], tuple[pl.LightningModule, Any, 
     return build
 
 
+def _raw_digits(**model_kwargs: Any) -> Callable[[], tuple[pl.LightningModule, Any, Any]]:
+    def build() -> tuple[pl.LightningModule, Any, Any]:
+        train, val = digits_loaders(standardize=False)
+        return DigitsMLP(**model_kwargs), train, val
+
+    return build
+
+
 SCENARIOS: list[Scenario] = [
     Scenario("healthy", "standardized digits, 64-32-10 MLP, SGD lr 0.1",
              "no problems", _digits(lr=0.1)),
     Scenario("scaled-logits", "the same MLP with its logits multiplied by 100",
              "init.loss_above_chance", _digits(lr=0.1, logit_scale=100.0)),
+    Scenario("raw-pixels", "digits left as raw 0-16 pixels (not standardized), SGD lr 0.5",
+             "data.unnormalized_input", _raw_digits(lr=0.5)),
 ]
 
 

@@ -1,6 +1,6 @@
 """The functional core: pure functions over tensors and numbers, no Trainer needed."""
 
-from lightning_triage.functional.batch import BatchParts, split_batch
+from lightning_triage.functional.batch import BatchLayout, BatchParts, locate_batch, split_batch
 from lightning_triage.functional.chance import (
     ChanceLevel,
     binary_chance,
@@ -12,21 +12,57 @@ from lightning_triage.functional.chance import (
     regression_chance,
     sequence_chance,
 )
+from lightning_triage.functional.data import (
+    FeatureMoments,
+    FingerprintStore,
+    LabelSignal,
+    TensorSummary,
+    batch_fingerprint,
+    batch_picture,
+    class_counts,
+    class_imbalance,
+    constant_across_batch,
+    duplicate_stats,
+    example_fingerprints,
+    input_shift,
+    label_signal,
+    scale_verdict,
+    summarize_tensor,
+    target_range,
+)
 from lightning_triage.functional.hooks import capture_last_output
 from lightning_triage.functional.series import BoundedSeries
 
 __all__ = [
+    "BatchLayout",
     "BatchParts",
     "BoundedSeries",
     "ChanceLevel",
+    "FeatureMoments",
+    "FingerprintStore",
+    "LabelSignal",
+    "TensorSummary",
+    "batch_fingerprint",
+    "batch_picture",
     "binary_chance",
     "capture_last_output",
     "chance_level",
+    "class_counts",
+    "class_imbalance",
     "compare_to_chance",
+    "constant_across_batch",
+    "duplicate_stats",
+    "example_fingerprints",
     "infer_task",
+    "input_shift",
+    "label_signal",
+    "locate_batch",
     "multiclass_chance",
     "prior_entropy",
     "regression_chance",
+    "scale_verdict",
     "sequence_chance",
     "split_batch",
+    "summarize_tensor",
+    "target_range",
 ]
