@@ -13,7 +13,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.functional.batch import split_batch
+from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import (
     IGNORE_INDEX,
     TASKS,
@@ -68,6 +68,9 @@ class InitialLossCheck(TriageCallback):
         ignore_index: target value excluded from class statistics.
         above_ratio: report when the loss exceeds this multiple of chance.
         below_ratio: report when the loss is below this multiple of chance (or of the prior).
+        input_key: where the inputs are in a batch the defaults do not understand (a key, an
+            index or a callable ``batch -> tensor``); see :func:`~lightning_triage.functional.split_batch`.
+        target_key: where the targets are, likewise.
         strict: raise internal errors instead of disabling the check.
 
     Example:
@@ -89,6 +92,8 @@ class InitialLossCheck(TriageCallback):
         ignore_index: int = IGNORE_INDEX,
         above_ratio: float = 2.0,
         below_ratio: float = 0.5,
+        input_key: BatchKey | None = None,
+        target_key: BatchKey | None = None,
         *,
         strict: bool = False,
     ) -> None:
@@ -103,6 +108,8 @@ class InitialLossCheck(TriageCallback):
         self.ignore_index = ignore_index
         self.above_ratio = above_ratio
         self.below_ratio = below_ratio
+        self.input_key = input_key
+        self.target_key = target_key
         self.chance: ChanceLevel | None = None
         self.initial_loss: float | None = None
         self._capture: ExitStack | None = None
@@ -117,7 +124,7 @@ class InitialLossCheck(TriageCallback):
         if self.ran or trainer.global_step != 0 or batch_idx != 0:
             return
         self._armed = True
-        self._targets = split_batch(batch).targets
+        self._targets = split_batch(batch, self.input_key, self.target_key).targets
         if self.task == "auto":
             self._capture = ExitStack()
             self._captured = self._capture.enter_context(capture_last_output(pl_module))

@@ -82,7 +82,8 @@ class Triage(Callback):
         self.checks: list[TriageCallback] = [
             BatchInspector(num_classes=num_classes, input_key=input_key, target_key=target_key,
                            strict=strict),
-            InitialLossCheck(task=task, num_classes=num_classes, strict=strict),
+            InitialLossCheck(task=task, num_classes=num_classes, input_key=input_key,
+                             target_key=target_key, strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
 
