@@ -6,7 +6,15 @@ Example:
     >>> trainer = Trainer(callbacks=[Triage()])
 """
 
-from lightning_triage.callbacks import InitialLossCheck, Triage, TriageCallback, TriageReport
+from lightning_triage.callbacks import (
+    EvalModeCheck,
+    GradientWiringCheck,
+    InitialLossCheck,
+    OverfitBatchCheck,
+    Triage,
+    TriageCallback,
+    TriageReport,
+)
 from lightning_triage.findings import CODES, STAGES, Finding
 
 __version__ = "0.1.0.dev0"
@@ -14,8 +22,11 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "CODES",
     "STAGES",
+    "EvalModeCheck",
     "Finding",
+    "GradientWiringCheck",
     "InitialLossCheck",
+    "OverfitBatchCheck",
     "Triage",
     "TriageCallback",
     "TriageReport",

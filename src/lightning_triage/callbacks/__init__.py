@@ -1,8 +1,16 @@
 """Lightning callbacks: one per protocol concern, the report, and the ``Triage`` bundle."""
 
 from lightning_triage.callbacks.base import TriageCallback
+from lightning_triage.callbacks.eval_mode import EvalModeCheck
+from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
 from lightning_triage.callbacks.initial_loss import InitialLossCheck
+from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.triage import Triage
 
-__all__ = ["InitialLossCheck", "Triage", "TriageCallback", "TriageReport"]
+__all__ = [
+    "EvalModeCheck",
+    "GradientWiringCheck",
+    "InitialLossCheck",
+    "OverfitBatchCheck", "Triage", "TriageCallback", "TriageReport",
+]

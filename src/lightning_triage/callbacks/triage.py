@@ -14,7 +14,10 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback
+from lightning_triage.callbacks.eval_mode import EvalModeCheck
+from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
 from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
+from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.functional.chance import Task
 
@@ -34,9 +37,15 @@ class Triage(Callback):
         causal: the model must not look at future positions (enables the causal probe).
         strict: raise internal errors of checks instead of disabling them (for tests).
         verbose: print the report summary at the end of fit.
+        overfit: run the overfit-one-batch probe (:class:`OverfitBatchCheck`).
+        overfit_batch_size: examples of the first batch the probe memorizes.
+        overfit_steps: most steps of the overfit probe.
+        overfit_budget: seconds the overfit probe may take (skipped when a step says it
+            would not fit).
 
     Raises:
-        ValueError: for an unknown ``task`` or ``num_classes < 2``.
+        ValueError: for an unknown ``task`` or ``num_classes < 2``, or overfit arguments out
+            of range (named in the message).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -62,6 +71,10 @@ class Triage(Callback):
         causal: bool = False,
         strict: bool = False,
         verbose: bool = True,
+        overfit: bool = True,
+        overfit_batch_size: int = 8,
+        overfit_steps: int = 300,
+        overfit_budget: float = 5.0,
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -70,8 +83,18 @@ class Triage(Callback):
         self.causal = causal
         self.strict = strict
         self.verbose = verbose
+        self.overfit = overfit
+        self.overfit_batch_size = overfit_batch_size
+        self.overfit_steps = overfit_steps
+        self.overfit_budget = overfit_budget
+        overfit_check = OverfitBatchCheck(
+            batch_size=overfit_batch_size, max_steps=overfit_steps, time_budget=overfit_budget,
+            min_steps=min(30, overfit_steps), task=task, num_classes=num_classes, strict=strict)
         self.checks: list[TriageCallback] = [
             InitialLossCheck(task=task, num_classes=num_classes, strict=strict),
+            GradientWiringCheck(strict=strict),
+            *([overfit_check] if overfit else []),
+            EvalModeCheck(strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
 
