@@ -94,7 +94,7 @@ def preserved_attributes(module: nn.Module) -> Iterator[None]:
     finally:
         for name, (original, snapshot) in saved.items():
             current: Any = vars(module).get(name)
-            value: Any = original
+            value = original
             if isinstance(value, list) and current is value:
                 value[:] = snapshot
             elif isinstance(value, (dict, set)) and current is value:
