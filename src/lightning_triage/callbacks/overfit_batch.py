@@ -323,17 +323,24 @@ class OverfitBatchCheck(TriageCallback):
                 run.no_grad = group_by_module(missing, trainable) if missing else []
             optimizer.step()
             step_times.append(time.perf_counter() - tic)
-            if step == 1:
+            # decide on the second step (the first may pay one-time costs), unless the first
+            # step alone already exceeds the budget
+            if step <= 1:
                 run.step_seconds = min(step_times)
-                if run.step_seconds * self.min_steps > self.time_budget:
+                if (step == 0 and run.step_seconds > self.time_budget) or (
+                        step == 1 and run.step_seconds * self.min_steps > self.time_budget):
                     run.stopped = "budget"
                     return
-            if time.perf_counter() - started > self.time_budget:
+            elif time.perf_counter() - started + run.step_seconds > self.time_budget:
                 run.stopped = "time"
                 return
-            if (step + 1) % PLATEAU_EVERY == 0 and plateaued(run.losses, run.target):
-                run.stopped = "plateau"
-                return
+            if (step + 1) % PLATEAU_EVERY == 0:
+                if run.floor is not None and run.floor > run.target:
+                    run.stopped = "floor"  # decided: this loss cannot reach the target
+                    return
+                if plateaued(run.losses, run.target):
+                    run.stopped = "plateau"
+                    return
         run.step_seconds = run.step_seconds or (min(step_times) if step_times else 0.0)
 
     def _reference(self, run: ProbeRun, start: float, batch: Any, output: Tensor | None) -> None:
@@ -472,7 +479,13 @@ class OverfitBatchCheck(TriageCallback):
         if verdict.reason == "flat":
             causes.append("the loss never moved: a learning rate of 0, or an output that does "
                           "not depend on the parameters")
-        if not causes and verdict.reason in ("plateau", "floor", "max_steps"):
+        if verdict.reason == "max_steps" and not causes:
+            causes.append(
+                f"slow progress: the loss fell only from {verdict.start:.4g} to "
+                f"{verdict.best:.4g} in {verdict.steps} steps with {run.optimizer} (a learning "
+                "rate too low for the probe, a model too small or too constrained, or a loss "
+                "with a floor); raise `max_steps`/`overfit_steps` to tell them apart")
+        if not causes and verdict.reason in ("plateau", "floor"):
             causes.append(
                 f"loss bounded away from zero: it stopped at {verdict.best:.4g} with gradients "
                 "reaching every parameter (a softmax/sigmoid before a loss that applies its own, "

@@ -146,17 +146,20 @@ class CurveVerdict:
 
 
 def plateaued(losses: Sequence[float], target: float, window: int = 0,
-              min_progress: float = 0.02) -> bool:
-    """Whether the loss stopped approaching ``target``.
+              min_progress: float = 0.02, slowdown: float = 0.25) -> bool:
+    """Whether the loss stopped approaching ``target``: the curve flattened above it.
 
     True when, over the last ``window`` steps (default a quarter of the curve, at least 10),
     the best loss improved by less than ``min_progress`` of the distance still left to
-    ``target``.
+    ``target`` *and* at less than ``slowdown`` times the average rate of the steps before (a
+    slow but steady decline, e.g. a small learning rate, is not a plateau).
 
     Example:
         >>> plateaued([2.3, 1.6, 1.5] + [1.47] * 40, target=0.1)
         True
         >>> plateaued([2.3 * 0.95 ** i for i in range(60)], target=0.1)
+        False
+        >>> plateaued([2.3 - 0.001 * i for i in range(60)], target=0.1)  # slow, steady
         False
     """
     window = window or max(10, len(losses) // 4)
@@ -165,7 +168,13 @@ def plateaued(losses: Sequence[float], target: float, window: int = 0,
     before = min(losses[:-window])
     after = min(losses[-window:])
     left = before - target
-    return left <= 0 or (before - after) < min_progress * left
+    if left <= 0:
+        return False
+    recent = before - after
+    earlier_rate = (float(losses[0]) - before) / (len(losses) - window)
+    if recent >= min_progress * left:
+        return False
+    return earlier_rate <= 0 or recent / window < slowdown * earlier_rate
 
 
 def judge_curve(losses: Sequence[float], target: float, steps_allowed: int,
