@@ -40,8 +40,10 @@ def test_train_called_in_validation_hook_is_reported_once(tmp_path: Path) -> Non
     assert f.evidence["module_types"] == ["BatchNorm2d", "Dropout"]
     assert f.evidence["sanity_check"] is True
     assert f.evidence["validation_runs"] == 3  # sanity check + 2 epochs
-    assert "`net.2`, `net.4`" in f.message and f.layer == "net.2"
-    assert check.runs_checked == 3 and check.check_status()["status"] == "failed"
+    assert "`net.2`, `net.4`" in f.message
+    assert f.layer == "net.2"
+    assert check.runs_checked == 3
+    assert check.check_status()["status"] == "failed"
 
 
 def test_train_called_inside_validation_step(tmp_path: Path) -> None:
@@ -51,7 +53,7 @@ def test_train_called_inside_validation_step(tmp_path: Path) -> None:
             super().validation_step(batch, batch_idx)
 
     check = fit_mode(tmp_path, TrainInStep(cnn()))
-    f = [f for f in check.findings if f.code == "mode.train_mode_in_eval"][0]
+    f = next(f for f in check.findings if f.code == "mode.train_mode_in_eval")
     assert "after the first `validation_step`" in f.message
 
 
@@ -65,7 +67,8 @@ def test_healthy_models_are_silent(tmp_path: Path, build: Any) -> None:
     model, loaders = build()
     check = fit_mode(tmp_path, model, loaders, max_epochs=2, num_sanity_val_steps=1)
     assert stage_codes(check.findings, "mode") == set()
-    assert check.runs_checked == 3 and check.check_status()["status"] == "passed"
+    assert check.runs_checked == 3
+    assert check.check_status()["status"] == "passed"
     assert all(m.training for m in model.modules())  # Lightning put train mode back
 
 

@@ -50,7 +50,9 @@ def the(check: GradientWiringCheck, code: str) -> Any:
 def test_detached_encoder_names_every_encoder_parameter(tmp_path: Path) -> None:
     check = fit_wiring(tmp_path, DetachedEncoder())
     f = the(check, "wiring.no_grad_params")
-    assert f.severity == "error" and f.layer == "encoder" and f.global_step == 0
+    assert f.severity == "error"
+    assert f.layer == "encoder"
+    assert f.global_step == 0
     assert f.evidence["modules"] == ["encoder"]
     assert f.evidence["params"] == ["encoder.0.weight", "encoder.0.bias", "encoder.2.weight",
                                     "encoder.2.bias"]
@@ -69,7 +71,8 @@ def test_unused_module_is_reported(tmp_path: Path) -> None:
 def test_zero_gradient_branch(tmp_path: Path) -> None:
     check = fit_wiring(tmp_path, ZeroBranch())
     f = the(check, "wiring.zero_grad_params")
-    assert f.evidence["modules"] == ["aux"] and f.severity == "warning"
+    assert f.evidence["modules"] == ["aux"]
+    assert f.severity == "warning"
     assert stage_codes(check.findings, "wiring") == {"wiring.zero_grad_params"}
 
 
@@ -85,7 +88,8 @@ def test_frozen_encoder_is_info_with_counts(tmp_path: Path) -> None:
 def test_optimizer_missing_the_encoder(tmp_path: Path) -> None:
     check = fit_wiring(tmp_path, HeadOnlyOptimizer())
     f = the(check, "wiring.params_not_in_optimizer")
-    assert f.evidence["modules"] == ["encoder"] and f.severity == "error"
+    assert f.evidence["modules"] == ["encoder"]
+    assert f.severity == "error"
     assert stage_codes(check.findings, "wiring") == {"wiring.params_not_in_optimizer"}
 
 
@@ -100,7 +104,8 @@ def test_detached_loss_is_reported_before_lightning_crashes(tmp_path: Path) -> N
     assert report["status"] == "crashed"
     assert report["start_here"] == "wiring.loss_detached"
     detached = [f for f in report["findings"] if f["code"] == "wiring.loss_detached"]
-    assert len(detached) == 1 and detached[0]["global_step"] == 0
+    assert len(detached) == 1
+    assert detached[0]["global_step"] == 0
     assert triage.check("GradientWiringCheck")._handles == []
 
 
@@ -131,7 +136,8 @@ def test_state_round_trip_does_not_rerun(tmp_path: Path) -> None:
     check = fit_wiring(tmp_path, DetachedEncoder())
     clone = GradientWiringCheck(strict=True)
     clone.load_state_dict(pickle.loads(pickle.dumps(check.state_dict())))
-    assert clone._done and [f.code for f in clone.findings] == [f.code for f in check.findings]
+    assert clone._done
+    assert [f.code for f in clone.findings] == [f.code for f in check.findings]
     train, val = digits()
     make_trainer(tmp_path, [clone]).fit(DetachedEncoder(), train, val)
     assert len(clone.findings) == len(check.findings)

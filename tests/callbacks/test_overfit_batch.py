@@ -60,7 +60,8 @@ def test_healthy_models_pass(tmp_path: Path, build: Any) -> None:
     assert stage_codes(check.findings, "overfit") == {"overfit.passed"}
     assert f.evidence["best"] <= f.evidence["target"] < 0.06 * f.evidence["start"]
     assert check.check_status()["status"] == "passed"
-    assert "steps" in check.detail and " s," in check.detail
+    assert "steps" in check.detail
+    assert " s," in check.detail
     assert check.series()["overfit_loss"][0][0] == 0.0
 
 
@@ -96,14 +97,16 @@ def test_detached_loss_fails_at_once_and_report_keeps_it(tmp_path: Path) -> None
         make_trainer(tmp_path, [triage]).fit(DetachedLoss(), train, val)
     report = json.loads((tmp_path / "r" / "triage_report.json").read_text())
     failed = [f for f in report["findings"] if f["code"] == "overfit.failed"]
-    assert len(failed) == 1 and "loss not connected" in failed[0]["evidence"]["causes"][0]
+    assert len(failed) == 1
+    assert "loss not connected" in failed[0]["evidence"]["causes"][0]
     assert report["start_here"] == "wiring.loss_detached"
 
 
 def test_manual_optimization_is_skipped_with_info(tmp_path: Path) -> None:
     check = fit_overfit(tmp_path, ManualClassifier())
     f = the(check, "overfit.skipped")
-    assert f.severity == "info" and "manual optimization" in f.message
+    assert f.severity == "info"
+    assert "manual optimization" in f.message
     assert check.check_status()["status"] == "skipped"
 
 
@@ -156,7 +159,8 @@ def test_zero_interference_bit_identical(tmp_path: Path, make: Any) -> None:
               OverfitBatchCheck(max_steps=50, time_budget=30.0, strict=True),
               EvalModeCheck(strict=True)]
     probed = _seeded_fit(tmp_path / "probed", make, checks)
-    assert checks[1].ran and checks[1].verdict is not None
+    assert checks[1].ran
+    assert checks[1].verdict is not None
     a, b = _weights(bare), _weights(probed)
     assert a.keys() == b.keys()
     for key in a:
@@ -197,7 +201,8 @@ def test_preserved_attributes_restores_metrics_and_counters() -> None:
         net.count += 10
         for _ in range(3):
             net.acc.update(torch.tensor([1, 1]), torch.tensor([1, 1]))
-    assert net.count == 3 and float(net.acc.compute()) == before
+    assert net.count == 3
+    assert float(net.acc.compute()) == before
 
 
 def test_arguments_are_validated() -> None:

@@ -33,10 +33,13 @@ def test_slice_batch_any_structure() -> None:
     small = slice_batch(batch, 3)
     assert isinstance(small["pair"], Pair)
     assert small["pair"].y.tolist() == [0, 1, 2]
-    assert small["extra"][0].shape == (3, 3) and small["extra"][1].shape == (4, 4)
-    assert small["name"] == "b0" and small["scalar"].ndim == 0
+    assert small["extra"][0].shape == (3, 3)
+    assert small["extra"][1].shape == (4, 4)
+    assert small["name"] == "b0"
+    assert small["scalar"].ndim == 0
     d = slice_batch(Batch(torch.zeros(6, 2), torch.ones(6, 6), ["a"] * 6), 2)
-    assert d.x.shape == (2, 2) and d.mask.shape == (2, 6)
+    assert d.x.shape == (2, 2)
+    assert d.mask.shape == (2, 6)
     assert batch_size_of([["no"], torch.zeros(7, 1)]) == 7
     assert batch_size_of({"a": 1}) is None
 

@@ -46,7 +46,9 @@ def test_inspect_gradients_plain_loop() -> None:
 
 def test_nothing_received_means_loss_detached() -> None:
     r = analyze_wiring({"a.w": 3}, {"b.w": 2}, received=set(), nonzero=set())
-    assert r.loss_detached and r.no_grad == [] and [g.module for g in r.frozen_groups] == ["b"]
+    assert r.loss_detached
+    assert r.no_grad == []
+    assert [g.module for g in r.frozen_groups] == ["b"]
 
 
 def test_healthy_wiring() -> None:
