@@ -17,6 +17,7 @@ from rich.console import Console
 
 from lightning_triage.callbacks.triage import Triage
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
+from lightning_triage.demo.wiring import DetachedEncoderMLP
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,18 @@ def _digits(**model_kwargs: Any) -> Callable[[], tuple[pl.LightningModule, Any, 
     return build
 
 
+def _detached_encoder() -> tuple[pl.LightningModule, Any, Any]:
+    train, val = digits_loaders()
+    return DetachedEncoderMLP(lr=0.1), train, val
+
+
 SCENARIOS: list[Scenario] = [
     Scenario("healthy", "standardized digits, 64-32-10 MLP, SGD lr 0.1",
              "no problems", _digits(lr=0.1)),
     Scenario("scaled-logits", "the same MLP with its logits multiplied by 100",
              "init.loss_above_chance", _digits(lr=0.1, logit_scale=100.0)),
+    Scenario("detached-encoder", "the MLP's encoder output is `.detach()`ed: only the head "
+             "trains, on random features", "wiring.no_grad_params", _detached_encoder),
 ]
 
 
