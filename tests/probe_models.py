@@ -225,3 +225,55 @@ class TinyLM(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.1)
+
+
+class DictBatchClassifier(Classifier):
+    """Batches are dicts with an id list: the probe must slice every tensor in them."""
+
+    def loss(self, batch: Any) -> Tensor:
+        return F.cross_entropy(self(batch["image"]), batch["label"])
+
+
+def dict_loaders() -> tuple[DataLoader, DataLoader]:
+    x, y, xv, yv = _digits()
+
+    def collate(items: list[tuple[Tensor, Tensor]]) -> dict[str, Any]:
+        xs, ys = zip(*items, strict=True)
+        return {"image": torch.stack(xs), "label": torch.stack(ys),
+                "ids": [f"ex{i}" for i in range(len(xs))]}
+
+    train = DataLoader(TensorDataset(x[:256], y[:256]), batch_size=32, collate_fn=collate)
+    val = DataLoader(TensorDataset(xv[:64], yv[:64]), batch_size=32, collate_fn=collate)
+    return train, val
+
+
+class WarmupClassifier(Classifier):
+    """A linear warmup from lr 0: the probe must use the base learning rate."""
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, step / 1000))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class Regressor(pl.LightningModule):
+    """MSE regression of a smooth function of the digits pixels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.mse_loss(self.net(x).squeeze(-1), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def regression_loaders() -> tuple[DataLoader, DataLoader]:
+    x, _, xv, _ = _digits()
+    w = torch.linspace(-1, 1, 64)
+    y, yv = torch.tanh(x @ w / 8), torch.tanh(xv @ w / 8)
+    return (DataLoader(TensorDataset(x[:256], y[:256]), batch_size=32),
+            DataLoader(TensorDataset(xv[:64], yv[:64]), batch_size=32))

@@ -19,13 +19,18 @@ from tests.probe_models import (
     Classifier,
     DetachedLoss,
     DetachedTrunkWithBias,
+    DictBatchClassifier,
     DoubleSoftmax,
     ManualClassifier,
+    Regressor,
     TinyLM,
+    WarmupClassifier,
     cnn,
+    dict_loaders,
     digits,
     lm_loaders,
     mlp,
+    regression_loaders,
 )
 
 
@@ -52,6 +57,11 @@ def the(check: OverfitBatchCheck, code: str) -> Any:
     pytest.param(lambda: (Classifier(mlp(), lr=0.05), None, {"accumulate_grad_batches": 2}),
                  id="accumulate"),
     pytest.param(lambda: (TinyLM(), lm_loaders(), {}), id="transformer-lm"),
+    pytest.param(lambda: (Classifier(mlp(), lr=0.05), None, {"precision": "bf16-mixed"}),
+                 id="bf16-mixed"),
+    pytest.param(lambda: (DictBatchClassifier(), dict_loaders(), {}), id="dict-batch"),
+    pytest.param(lambda: (WarmupClassifier(lr=0.05), None, {}), id="warmup-from-lr-0"),
+    pytest.param(lambda: (Regressor(), regression_loaders(), {}), id="mse-regression"),
 ])
 def test_healthy_models_pass(tmp_path: Path, build: Any) -> None:
     model, loaders, kwargs = build()
