@@ -224,3 +224,20 @@ def test_arguments_are_validated() -> None:
         OverfitBatchCheck(max_steps=10, min_steps=20)
     with pytest.raises(ValueError, match="`time_budget`"):
         OverfitBatchCheck(time_budget=0)
+
+
+def test_triage_arguments_are_validated_and_forwarded() -> None:
+    with pytest.raises(ValueError, match="`overfit_steps`"):
+        Triage(overfit_steps=1)
+    with pytest.raises(ValueError, match="`overfit_budget`"):
+        Triage(overfit_budget=-1.0)
+    with pytest.raises(ValueError, match="`overfit_batch_size`"):
+        Triage(overfit_batch_size=0)
+    triage = Triage(overfit_batch_size=4, overfit_steps=20, overfit_budget=2.0)
+    check = triage.check("OverfitBatchCheck")
+    assert isinstance(check, OverfitBatchCheck)
+    assert (check.batch_size, check.max_steps, check.time_budget, check.min_steps) == (4, 20, 2.0, 20)
+    names = [type(c).__name__ for c in triage.checks]
+    assert names.index("InitialLossCheck") < names.index("GradientWiringCheck") \
+        < names.index("OverfitBatchCheck") < names.index("EvalModeCheck")
+    assert "OverfitBatchCheck" not in [type(c).__name__ for c in Triage(overfit=False).checks]

@@ -83,6 +83,14 @@ class Triage(Callback):
         self.causal = causal
         self.strict = strict
         self.verbose = verbose
+        if not isinstance(overfit_batch_size, int) or overfit_batch_size < 1:
+            raise ValueError(f"`overfit_batch_size` must be an integer >= 1, got "
+                             f"{overfit_batch_size!r}.")
+        if not isinstance(overfit_steps, int) or overfit_steps < 2:
+            raise ValueError(f"`overfit_steps` must be an integer >= 2, got {overfit_steps!r}.")
+        if not isinstance(overfit_budget, (int, float)) or not overfit_budget > 0:
+            raise ValueError(f"`overfit_budget` must be a number of seconds > 0, got "
+                             f"{overfit_budget!r}.")
         self.overfit = overfit
         self.overfit_batch_size = overfit_batch_size
         self.overfit_steps = overfit_steps
