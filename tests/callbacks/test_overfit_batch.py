@@ -208,10 +208,12 @@ def test_preserved_attributes_restores_metrics_and_counters() -> None:
     net.acc.update(torch.tensor([0, 1]), torch.tensor([0, 0]))
     before = float(net.acc.compute())
     with preserved_attributes(net):
+        net.created_in_probe = 1.0
         net.count += 10
         for _ in range(3):
             net.acc.update(torch.tensor([1, 1]), torch.tensor([1, 1]))
     assert net.count == 3
+    assert not hasattr(net, "created_in_probe")
     assert float(net.acc.compute()) == before
 
 

@@ -64,7 +64,8 @@ def preserved_attributes(module: nn.Module) -> Iterator[None]:
 
     Public attributes of the module holding lists, dicts, sets, numbers, strings or tensors
     (e.g. ``self.training_step_outputs.append(loss)``, a step counter) and the states of
-    torchmetrics metrics updated in ``training_step``.
+    torchmetrics metrics updated in ``training_step``. Public attributes created inside the
+    block are deleted.
 
     Example:
         >>> net = nn.Linear(2, 2)
@@ -89,9 +90,13 @@ def preserved_attributes(module: nn.Module) -> Iterator[None]:
             extra = {k: _copy_value(getattr(sub, k)) for k in
                      ("_update_count", "_computed", "_forward_cache") if hasattr(sub, k)}
             metrics.append((sub, {**state, **extra}))
+    present = set(vars(module))
     try:
         yield
     finally:
+        for name in set(vars(module)) - present:
+            if not name.startswith("_"):  # attributes the probe's `training_step` created
+                delattr(module, name)
         for name, (original, snapshot) in saved.items():
             current: Any = vars(module).get(name)
             value = original
