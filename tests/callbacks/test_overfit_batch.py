@@ -178,12 +178,16 @@ def test_zero_interference_bit_identical(tmp_path: Path, make: Any) -> None:
     # nothing from the probe was logged and the module's own records were restored
     assert probed.log_calls == bare.log_calls == 2 * 6 + 2 * 1
     assert probed.seen_batches == bare.seen_batches
-    bundled = _seeded_fit(tmp_path / "triage", make,
-                          [Triage(report_dir=tmp_path / "r", strict=True, verbose=False,
-                                  overfit_steps=50)])
+    triage = Triage(report_dir=tmp_path / "r", strict=True, verbose=False, overfit_steps=50)
+    bundled = _seeded_fit(tmp_path / "triage", make, [triage])
     c = _weights(bundled)
     for key in a:
         assert torch.equal(a[key], c[key]), key
+    # healthy: the bundle's wiring, overfit and mode stages are silent
+    assert triage.report.report is not None
+    problems = {f["code"] for f in triage.report.report["findings"] if f["severity"] != "info"}
+    assert not {c for c in problems if c.split(".")[0] in ("wiring", "overfit", "mode")}
+    assert triage.check("OverfitBatchCheck").has_finding("overfit.passed")
 
 
 def test_probe_runs_once_per_fit(tmp_path: Path) -> None:
