@@ -188,6 +188,10 @@ def test_zero_interference_bit_identical(tmp_path: Path, make: Any) -> None:
     problems = {f["code"] for f in triage.report.report["findings"] if f["severity"] != "info"}
     assert not {c for c in problems if c.split(".")[0] in ("wiring", "overfit", "mode")}
     assert triage.check("OverfitBatchCheck").has_finding("overfit.passed")
+    # the probe ran between InitialLossCheck's arming and its reading: it still saw the real step
+    init = triage.check("InitialLossCheck")
+    assert init.findings == []
+    assert "ln(10) = 2.303 for 10 classes" in init.detail
 
 
 def test_probe_runs_once_per_fit(tmp_path: Path) -> None:

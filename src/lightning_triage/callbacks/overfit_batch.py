@@ -366,7 +366,11 @@ class OverfitBatchCheck(TriageCallback):
         except ValueError:
             chance = None
         run.chance = chance
-        run.target = near_zero_target(start, chance, self.tolerance)
+        # the regression loss is unknown (MSE scales with the variance, L1 with the spread):
+        # measure "near zero" against the smaller of the start and the variance
+        reference = min(chance, start) if task == "regression" and chance is not None \
+            and start > 0 else chance
+        run.target = near_zero_target(start, reference, self.tolerance)
         if output is not None and targets is not None and task in ("multiclass", "sequence"):
             class_dim = -1 if tuple(output.shape[:-1]) == tuple(targets.shape) else 1
             floor = probability_floor(output, class_dim)
