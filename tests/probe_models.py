@@ -277,3 +277,15 @@ def regression_loaders() -> tuple[DataLoader, DataLoader]:
     y, yv = torch.tanh(x @ w / 8), torch.tanh(xv @ w / 8)
     return (DataLoader(TensorDataset(x[:256], y[:256]), batch_size=32),
             DataLoader(TensorDataset(xv[:64], yv[:64]), batch_size=32))
+
+
+class FrozenAllButBias(EncoderHead):
+    """``self.freeze()``-style bug: everything frozen except the head's bias."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.requires_grad_(False)
+        self.head.bias.requires_grad_(True)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD([self.head.bias], lr=self.lr, momentum=0.9)

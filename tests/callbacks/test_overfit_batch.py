@@ -21,6 +21,7 @@ from tests.probe_models import (
     DetachedTrunkWithBias,
     DictBatchClassifier,
     DoubleSoftmax,
+    FrozenAllButBias,
     ManualClassifier,
     Regressor,
     TinyLM,
@@ -97,6 +98,13 @@ def test_broken_gradient_path_fails_and_names_it(tmp_path: Path) -> None:
     assert f.evidence["reason"] in ("plateau", "max_steps")
     assert f.evidence["causes"][0].startswith("broken gradient path")
     assert f.evidence["no_grad_modules"] == ["encoder", "head"]
+
+
+def test_frozen_layers_fail_and_are_named(tmp_path: Path) -> None:
+    check = fit_overfit(tmp_path, FrozenAllButBias(lr=0.05))
+    f = the(check, "overfit.failed")
+    assert f.evidence["causes"][0].startswith("frozen layers")
+    assert f.evidence["frozen_modules"] == ["encoder", "head"]
 
 
 def test_detached_loss_fails_at_once_and_report_keeps_it(tmp_path: Path) -> None:
