@@ -289,3 +289,38 @@ class FrozenAllButBias(EncoderHead):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD([self.head.bias], lr=self.lr, momentum=0.9)
+
+
+class TinyGAN(pl.LightningModule):
+    """Manual optimization with two optimizers and `toggle_optimizer`: each backward reaches
+    only part of the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 64))
+        self.discriminator = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        x, _ = batch
+        opt_g, opt_d = self.optimizers()  # type: ignore[misc]
+        z = torch.randn(x.shape[0], 8, device=x.device)
+        ones = torch.ones(x.shape[0], 1, device=x.device)
+        self.toggle_optimizer(opt_g)
+        g_loss = F.binary_cross_entropy_with_logits(self.discriminator(self.generator(z)), ones)
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+        self.untoggle_optimizer(opt_g)
+        self.toggle_optimizer(opt_d)
+        fake = self.generator(z).detach()
+        d_loss = (F.binary_cross_entropy_with_logits(self.discriminator(x), ones)
+                  + F.binary_cross_entropy_with_logits(self.discriminator(fake), 0 * ones))
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+        self.untoggle_optimizer(opt_d)
+
+    def configure_optimizers(self) -> Any:
+        return (torch.optim.Adam(self.generator.parameters(), lr=1e-3),
+                torch.optim.Adam(self.discriminator.parameters(), lr=1e-3))

@@ -21,6 +21,7 @@ from tests.probe_models import (
     HeadOnlyOptimizer,
     ManualClassifier,
     ManualDetached,
+    TinyGAN,
     TinyLM,
     UnusedModule,
     ZeroBranch,
@@ -121,6 +122,7 @@ def test_manual_optimization_detached_layer(tmp_path: Path) -> None:
     pytest.param(lambda: (EncoderHead(), None, {"accumulate_grad_batches": 2}), id="accumulate"),
     pytest.param(lambda: (ManualClassifier(), None, {}), id="manual"),
     pytest.param(lambda: (TinyLM(), lm_loaders(), {}), id="transformer-lm"),
+    pytest.param(lambda: (TinyGAN(), None, {}), id="manual-gan-two-optimizers"),
 ])
 def test_healthy_runs_are_silent(tmp_path: Path, build: Any) -> None:
     model, loaders, kwargs = build()

@@ -86,6 +86,7 @@ class GradientWiringCheck(TriageCallback):
         self._trainable: dict[str, int] = {}
         self._frozen: dict[str, int] = {}
         self._received: set[str] = set()
+        self._hooked: set[str] = set()
         self._nonzero: dict[str, Tensor] = {}
 
     # ------------------------------------------------------------------ hooks
@@ -97,6 +98,7 @@ class GradientWiringCheck(TriageCallback):
             return
         if not self._armed:
             self._arm(trainer, pl_module)
+        self._hook_new(pl_module)
         self._backwards += 1
         if isinstance(loss, Tensor) and not loss.requires_grad:
             self._report_detached(trainer, loss)
@@ -112,22 +114,26 @@ class GradientWiringCheck(TriageCallback):
     def _arm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._armed = True
         self._step = trainer.global_step
-        self._trainable, self._frozen = {}, {}
-        for name, p in pl_module.named_parameters():
-            if not p.requires_grad:
-                self._frozen[name] = p.numel()
-                continue
-            self._trainable[name] = p.numel()
-            self.add_handle(p.register_post_accumulate_grad_hook(self._make_hook(name)))
-        # Under manual optimization `toggle_optimizer` may freeze the other optimizers'
+        self._trainable, self._frozen, self._hooked = {}, {}, set()
+        # Under manual optimization `toggle_optimizer` freezes the other optimizers'
         # parameters during a backward: count those as trainable.
+        held: set[int] = set()
         if not pl_module.automatic_optimization:
             held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
                     for p in g["params"]}
-            for name, p in pl_module.named_parameters():
-                if name in self._frozen and id(p) in held:
-                    self._trainable[name] = self._frozen.pop(name)
-                    self.add_handle(p.register_post_accumulate_grad_hook(self._make_hook(name)))
+        for name, p in pl_module.named_parameters():
+            if p.requires_grad or id(p) in held:
+                self._trainable[name] = p.numel()
+            else:
+                self._frozen[name] = p.numel()
+
+    def _hook_new(self, pl_module: pl.LightningModule) -> None:
+        """Hook the trainable parameters not hooked yet that require grad now (a parameter
+        toggled off by `toggle_optimizer` is hooked at the backward that toggles it on)."""
+        for name, p in pl_module.named_parameters():
+            if name in self._trainable and name not in self._hooked and p.requires_grad:
+                self._hooked.add(name)
+                self.add_handle(p.register_post_accumulate_grad_hook(self._make_hook(name)))
 
     def _make_hook(self, name: str) -> Any:
         def hook(param: Tensor) -> None:
