@@ -148,3 +148,14 @@ def test_state_round_trip_does_not_rerun(tmp_path: Path) -> None:
 def test_arguments_are_validated() -> None:
     with pytest.raises(TypeError, match="check_optimizer"):
         GradientWiringCheck(check_optimizer="yes")  # type: ignore[arg-type]
+
+
+def test_sharded_strategies_are_recognized() -> None:
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    from lightning_triage.callbacks.gradient_wiring import sharded_strategy
+
+    assert sharded_strategy(SimpleNamespace(strategy=FSDPStrategy())) == "FSDPStrategy"  # type: ignore[arg-type]
+    assert sharded_strategy(SimpleNamespace(strategy=DDPStrategy())) is None  # type: ignore[arg-type]

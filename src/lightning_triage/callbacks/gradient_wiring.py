@@ -21,6 +21,16 @@ from lightning_triage.functional.wiring import (
 
 #: At most this many parameter names are listed in a finding's evidence.
 MAX_LISTED = 200
+#: Strategies that shard or flatten parameters: per-parameter gradients and probes that call
+#: ``training_step`` outside the wrapped forward do not apply there.
+SHARDED_STRATEGIES = ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
+
+
+def sharded_strategy(trainer: pl.Trainer) -> str | None:
+    """The name of the trainer's strategy if it shards or flattens parameters, else ``None``."""
+    names = {cls.__name__ for cls in type(trainer.strategy).__mro__}
+    found = [name for name in SHARDED_STRATEGIES if name in names]
+    return found[0] if found else None
 
 
 def _evidence(groups: list[ModuleGroup]) -> dict[str, Any]:
@@ -97,6 +107,11 @@ class GradientWiringCheck(TriageCallback):
         if self._done:
             return
         if not self._armed:
+            sharded = sharded_strategy(trainer)
+            if sharded is not None:
+                self._done = True
+                self.skip(f"skipped: parameters are sharded/flattened under `{sharded}`")
+                return
             self._arm(trainer, pl_module)
         self._hook_new(pl_module)
         self._backwards += 1
@@ -167,8 +182,8 @@ class GradientWiringCheck(TriageCallback):
 
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         nonzero_flags = list(self._nonzero.items())
-        values = torch.stack([f.to("cpu") for _, f in nonzero_flags]).tolist() \
-            if nonzero_flags else []
+        values = torch.stack([f.to(nonzero_flags[0][1].device) for _, f in nonzero_flags]
+                             ).tolist() if nonzero_flags else []  # one host sync
         nonzero = {name for (name, _), v in zip(nonzero_flags, values, strict=True) if v}
         held: set[str] | None = None
         if self.check_optimizer and trainer.optimizers:
@@ -255,4 +270,4 @@ class GradientWiringCheck(TriageCallback):
         self._done = bool(state.get("done", self._done))
 
 
-__all__ = ["GradientWiringCheck"]
+__all__ = ["GradientWiringCheck", "sharded_strategy"]

@@ -21,6 +21,7 @@ from torchmetrics import Metric
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.callbacks.gradient_wiring import sharded_strategy
 from lightning_triage.callbacks.initial_loss import validate_task
 from lightning_triage.functional.batch import split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, Task, chance_level, infer_task
@@ -233,6 +234,11 @@ class OverfitBatchCheck(TriageCallback):
         if not pl_module.automatic_optimization:
             self._skipped(trainer, "manual optimization: the probe cannot replace the optimizer "
                                    "steps taken inside `training_step`")
+            return
+        sharded = sharded_strategy(trainer)
+        if sharded is not None:
+            self._skipped(trainer, f"parameters are sharded/flattened under `{sharded}`: the "
+                                   "probe cannot run `training_step` outside the strategy")
             return
         small = slice_batch(batch, self.batch_size)
         examples = batch_size_of(small)
