@@ -8,7 +8,10 @@ Example:
 
 from lightning_triage.callbacks import (
     BatchInspector,
+    EvalModeCheck,
+    GradientWiringCheck,
     InitialLossCheck,
+    OverfitBatchCheck,
     Triage,
     TriageCallback,
     TriageReport,
@@ -21,8 +24,11 @@ __all__ = [
     "CODES",
     "STAGES",
     "BatchInspector",
+    "EvalModeCheck",
     "Finding",
+    "GradientWiringCheck",
     "InitialLossCheck",
+    "OverfitBatchCheck",
     "Triage",
     "TriageCallback",
     "TriageReport",

@@ -124,6 +124,12 @@ _SPECS: tuple[CodeSpec, ...] = (
           "layers, and a loss bounded away from zero (cross-entropy on probabilities)."),
     _spec("overfit.passed", "info", "Overfit one small batch",
           "The model, loss and optimizer can learn; look at data and curves for the rest."),
+    _spec("overfit.inconclusive", "info", "Overfit probe inconclusive",
+          "The loss was still falling when the probe's steps or time ran out: raise "
+          "`overfit_steps`/`max_steps` or `overfit_budget`/`time_budget` to decide."),
+    _spec("overfit.skipped", "info", "Overfit probe skipped",
+          "The detail says why (manual optimization, time budget, no loss); see the check's "
+          "arguments to enable it."),
     # 5. structure
     _spec("structure.batch_mixing", "error", "Outputs mix examples of the batch",
           "An operation mixes the batch dimension in eval mode: a softmax/normalization over "

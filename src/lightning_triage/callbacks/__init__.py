@@ -2,8 +2,20 @@
 
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
+from lightning_triage.callbacks.eval_mode import EvalModeCheck
+from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
 from lightning_triage.callbacks.initial_loss import InitialLossCheck
+from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.triage import Triage
 
-__all__ = ["BatchInspector", "InitialLossCheck", "Triage", "TriageCallback", "TriageReport"]
+__all__ = [
+    "BatchInspector",
+    "EvalModeCheck",
+    "GradientWiringCheck",
+    "InitialLossCheck",
+    "OverfitBatchCheck",
+    "Triage",
+    "TriageCallback",
+    "TriageReport",
+]

@@ -15,7 +15,10 @@ from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
+from lightning_triage.callbacks.eval_mode import EvalModeCheck
+from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
 from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
+from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
@@ -39,9 +42,15 @@ class Triage(Callback):
         input_key: where the inputs are in a batch the data stage cannot read by itself: a key
             or attribute name, an index, or a callable ``batch -> tensor``.
         target_key: where the targets are, the same way.
+        overfit: run the overfit-one-batch probe (:class:`OverfitBatchCheck`).
+        overfit_batch_size: examples of the first batch the probe memorizes.
+        overfit_steps: most steps of the overfit probe.
+        overfit_budget: seconds the overfit probe may take (skipped when a step says it
+            would not fit).
 
     Raises:
-        ValueError: for an unknown ``task`` or ``num_classes < 2``.
+        ValueError: for an unknown ``task`` or ``num_classes < 2``, or overfit arguments out
+            of range (named in the message).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -69,6 +78,10 @@ class Triage(Callback):
         verbose: bool = True,
         input_key: BatchKey | None = None,
         target_key: BatchKey | None = None,
+        overfit: bool = True,
+        overfit_batch_size: int = 8,
+        overfit_steps: int = 300,
+        overfit_budget: float = 5.0,
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -77,6 +90,21 @@ class Triage(Callback):
         self.causal = causal
         self.strict = strict
         self.verbose = verbose
+        if not isinstance(overfit_batch_size, int) or overfit_batch_size < 1:
+            raise ValueError(f"`overfit_batch_size` must be an integer >= 1, got "
+                             f"{overfit_batch_size!r}.")
+        if not isinstance(overfit_steps, int) or overfit_steps < 2:
+            raise ValueError(f"`overfit_steps` must be an integer >= 2, got {overfit_steps!r}.")
+        if not isinstance(overfit_budget, (int, float)) or not overfit_budget > 0:
+            raise ValueError(f"`overfit_budget` must be a number of seconds > 0, got "
+                             f"{overfit_budget!r}.")
+        self.overfit = overfit
+        self.overfit_batch_size = overfit_batch_size
+        self.overfit_steps = overfit_steps
+        self.overfit_budget = overfit_budget
+        overfit_check = OverfitBatchCheck(
+            batch_size=overfit_batch_size, max_steps=overfit_steps, time_budget=overfit_budget,
+            min_steps=min(30, overfit_steps), task=task, num_classes=num_classes, strict=strict)
         self.input_key = input_key
         self.target_key = target_key
         self.checks: list[TriageCallback] = [
@@ -84,6 +112,9 @@ class Triage(Callback):
                            strict=strict),
             InitialLossCheck(task=task, num_classes=num_classes, input_key=input_key,
                              target_key=target_key, strict=strict),
+            GradientWiringCheck(strict=strict),
+            *([overfit_check] if overfit else []),
+            EvalModeCheck(strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
 

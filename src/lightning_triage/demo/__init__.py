@@ -17,6 +17,7 @@ from rich.console import Console
 
 from lightning_triage.callbacks.triage import Triage
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
+from lightning_triage.demo.wiring import DetachedEncoderMLP
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ def _raw_digits(**model_kwargs: Any) -> Callable[[], tuple[pl.LightningModule, A
         return DigitsMLP(**model_kwargs), train, val
 
     return build
+def _detached_encoder() -> tuple[pl.LightningModule, Any, Any]:
+    train, val = digits_loaders()
+    return DetachedEncoderMLP(lr=0.1), train, val
 
 
 SCENARIOS: list[Scenario] = [
@@ -55,6 +59,8 @@ SCENARIOS: list[Scenario] = [
              "init.loss_above_chance", _digits(lr=0.1, logit_scale=100.0)),
     Scenario("raw-pixels", "digits left as raw 0-16 pixels (not standardized), SGD lr 0.5",
              "data.unnormalized_input", _raw_digits(lr=0.5)),
+    Scenario("detached-encoder", "the MLP's encoder output is `.detach()`ed: only the head "
+             "trains, on random features", "wiring.no_grad_params", _detached_encoder),
 ]
 
 

@@ -1,0 +1,115 @@
+"""Stage 6 (mode): are dropout and batch-norm layers in eval mode during validation?"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from typing_extensions import override
+
+from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.functional.mode import mode_sensitive_in_training
+
+#: At most this many module names are listed in a finding's evidence.
+MAX_LISTED = 100
+
+class EvalModeCheck(TriageCallback):
+    """Report dropout/batch-norm layers left in training mode during validation.
+
+    Lightning puts the model in eval mode before validation; a ``self.train()`` in
+    ``on_validation_epoch_start`` (or in ``validation_step``) undoes it, so validation scores
+    are noisy (dropout) and BatchNorm statistics get updated with validation data. The check
+    looks at the first batch of every validation run (sanity check included), before and after
+    its ``validation_step``: a loop over the modules, no tensor work. Each problem is reported
+    once; the evidence counts the validation runs where it was seen.
+
+    Findings: ``mode.train_mode_in_eval`` (with the module names).
+
+    Args:
+        strict: raise internal errors instead of disabling the check.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[EvalModeCheck()])
+
+        In LightningCLI YAML::
+
+            trainer:
+              callbacks:
+                - class_path: lightning_triage.EvalModeCheck
+    """
+
+    def __init__(self, *, strict: bool = False) -> None:
+        super().__init__(strict=strict)
+        self.runs_checked = 0
+        self.runs_in_train_mode = 0
+        self._pending = False
+
+    @override
+    @guarded
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._pending = True
+
+    @override
+    @guarded
+    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                  batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self._pending and self._inspect(trainer, pl_module, "at the first validation batch"):
+            self._close_run(found=True)
+
+    @override
+    @guarded
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                outputs: STEP_OUTPUT, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        if self._pending:
+            found = self._inspect(trainer, pl_module, "after the first `validation_step`")
+            self._close_run(found)
+
+    def _close_run(self, found: bool) -> None:
+        self._pending = False
+        self.runs_checked += 1
+        self.runs_in_train_mode += int(found)
+        for f in self.findings:
+            if f.code == "mode.train_mode_in_eval":
+                f.evidence["validation_runs"] = self.runs_in_train_mode
+        self.mark_ran(f"checked the first batch of {self.runs_checked} validation run(s): "
+                      f"{self.runs_in_train_mode} with layers in training mode")
+
+    def _inspect(self, trainer: pl.Trainer, pl_module: pl.LightningModule, when: str) -> bool:
+        names = mode_sensitive_in_training(pl_module)
+        if not names:
+            return False
+        if self.has_finding("mode.train_mode_in_eval"):
+            return True
+        listed = ", ".join(f"`{n}`" for n in names[:8]) + (
+            f" and {len(names) - 8} more" if len(names) > 8 else "")
+        kinds = sorted({type(m).__name__ for n, m in pl_module.named_modules() if n in names})
+        phase = "the sanity check" if trainer.sanity_checking else "validation"
+        self.add_finding(
+            trainer, "mode.train_mode_in_eval",
+            f"During {phase} ({when}), {len(names)} mode-sensitive layer(s) were in training "
+            f"mode: {listed} ({', '.join(kinds)}). Dropout stays active and BatchNorm uses and "
+            "updates batch statistics, so validation results are noisy and the running "
+            "statistics absorb validation data. Remove the `.train()` call from the validation "
+            "hooks (Lightning switches to eval mode itself).",
+            layer=names[0] or None,
+            evidence={"modules": names[:MAX_LISTED], "num_modules": len(names),
+                      "module_types": kinds, "validation_runs": self.runs_in_train_mode + 1,
+                      "sanity_check": bool(trainer.sanity_checking)},
+        )
+        return True
+
+    @override
+    def extra_state(self) -> dict[str, Any]:
+        return {"runs_checked": self.runs_checked, "runs_in_train_mode": self.runs_in_train_mode}
+
+    @override
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.runs_checked = int(state.get("runs_checked", self.runs_checked))
+        self.runs_in_train_mode = int(state.get("runs_in_train_mode", self.runs_in_train_mode))
+
+
+__all__ = ["EvalModeCheck"]

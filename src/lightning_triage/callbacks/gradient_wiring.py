@@ -1,0 +1,273 @@
+"""Stage 3 (wiring): does every trainable parameter receive a gradient, and is it optimized?"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.functional.wiring import (
+    ModuleGroup,
+    WiringResult,
+    analyze_wiring,
+    describe_groups,
+)
+
+#: At most this many parameter names are listed in a finding's evidence.
+MAX_LISTED = 200
+#: Strategies that shard or flatten parameters: per-parameter gradients and probes that call
+#: ``training_step`` outside the wrapped forward do not apply there.
+SHARDED_STRATEGIES = ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
+
+
+def sharded_strategy(trainer: pl.Trainer) -> str | None:
+    """The name of the trainer's strategy if it shards or flattens parameters, else ``None``."""
+    names = {cls.__name__ for cls in type(trainer.strategy).__mro__}
+    found = [name for name in SHARDED_STRATEGIES if name in names]
+    return found[0] if found else None
+
+
+def _evidence(groups: list[ModuleGroup]) -> dict[str, Any]:
+    names = [n for g in groups for n in g.params]
+    return {
+        "modules": [g.module for g in groups],
+        "params": names[:MAX_LISTED],
+        "num_params": len(names),
+        "numel": sum(g.numel for g in groups),
+    }
+
+
+class GradientWiringCheck(TriageCallback):
+    """Check after the first real backward that gradients reach every trainable parameter.
+
+    The check arms at the first ``on_before_backward`` of the run (Lightning's own backward:
+    probes that call ``loss.backward()`` themselves do not count) and registers a
+    post-accumulate-grad hook on every trainable parameter. It collects every backward of that
+    first training batch (several under manual optimization, e.g. a GAN's two losses; one
+    micro-batch under gradient accumulation) and decides at the end of the batch, then removes
+    its hooks: nothing runs on later steps.
+
+    Findings:
+        ``wiring.loss_detached`` (the loss has no ``grad_fn``: reported in
+        ``on_before_backward``, before the backward raises; or no trainable parameter got a
+        gradient), ``wiring.no_grad_params`` (trainable parameters whose gradient stayed
+        ``None``: unused modules, ``.detach()``), ``wiring.zero_grad_params`` (gradient exactly
+        zero everywhere), ``wiring.params_not_in_optimizer`` (gradients but in no optimizer
+        param group), ``wiring.frozen_params`` (info: ``requires_grad=False``, counted per
+        module). Parameters are named by module: a module whose parameters are all affected is
+        named once.
+
+    Args:
+        check_optimizer: report ``wiring.params_not_in_optimizer``.
+        report_frozen: report frozen parameters (info).
+        strict: raise internal errors instead of disabling the check.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[GradientWiringCheck()])
+
+        In LightningCLI YAML::
+
+            trainer:
+              callbacks:
+                - class_path: lightning_triage.GradientWiringCheck
+    """
+
+    def __init__(self, check_optimizer: bool = True, report_frozen: bool = True, *,
+                 strict: bool = False) -> None:
+        super().__init__(strict=strict)
+        if not isinstance(check_optimizer, bool):
+            raise TypeError(f"`check_optimizer` must be a bool, got {check_optimizer!r}.")
+        if not isinstance(report_frozen, bool):
+            raise TypeError(f"`report_frozen` must be a bool, got {report_frozen!r}.")
+        self.check_optimizer = check_optimizer
+        self.report_frozen = report_frozen
+        self.result: WiringResult | None = None
+        self._done = False
+        self._armed = False
+        self._backwards = 0
+        self._step: int | None = None
+        self._trainable: dict[str, int] = {}
+        self._frozen: dict[str, int] = {}
+        self._received: set[str] = set()
+        self._hooked: set[str] = set()
+        self._nonzero: dict[str, Tensor] = {}
+
+    # ------------------------------------------------------------------ hooks
+    @override
+    @guarded
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           loss: Tensor) -> None:
+        if self._done:
+            return
+        if not self._armed:
+            sharded = sharded_strategy(trainer)
+            if sharded is not None:
+                self._done = True
+                self.skip(f"skipped: parameters are sharded/flattened under `{sharded}`")
+                return
+            self._arm(trainer, pl_module)
+        self._hook_new(pl_module)
+        self._backwards += 1
+        if isinstance(loss, Tensor) and not loss.requires_grad:
+            self._report_detached(trainer, loss)
+
+    @override
+    @guarded
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
+        if self._armed and not self._done:
+            self._evaluate(trainer, pl_module)
+
+    # ------------------------------------------------------------------ internals
+    def _arm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._armed = True
+        self._step = trainer.global_step
+        self._trainable, self._frozen, self._hooked = {}, {}, set()
+        # Under manual optimization `toggle_optimizer` freezes the other optimizers'
+        # parameters during a backward: count those as trainable.
+        held: set[int] = set()
+        if not pl_module.automatic_optimization:
+            held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
+                    for p in g["params"]}
+        for name, p in pl_module.named_parameters():
+            if p.requires_grad or id(p) in held:
+                self._trainable[name] = p.numel()
+            else:
+                self._frozen[name] = p.numel()
+
+    def _hook_new(self, pl_module: pl.LightningModule) -> None:
+        """Hook the trainable parameters not hooked yet that require grad now (a parameter
+        toggled off by `toggle_optimizer` is hooked at the backward that toggles it on)."""
+        for name, p in pl_module.named_parameters():
+            if name in self._trainable and name not in self._hooked and p.requires_grad:
+                self._hooked.add(name)
+                self.add_handle(p.register_post_accumulate_grad_hook(self._make_hook(name)))
+
+    def _make_hook(self, name: str) -> Any:
+        def hook(param: Tensor) -> None:
+            self._received.add(name)
+            grad = param.grad
+            if grad is None:
+                return
+            flag = grad.detach().ne(0).any()  # stays on the device: no host sync per hook
+            prev = self._nonzero.get(name)
+            self._nonzero[name] = flag if prev is None else prev | flag
+
+        return hook
+
+    def _report_detached(self, trainer: pl.Trainer, loss: Tensor) -> None:
+        if self.has_finding("wiring.loss_detached"):
+            return
+        frozen = f"; {len(self._frozen)} parameter tensors are frozen" if self._frozen else ""
+        where = "`training_step`" if trainer.lightning_module.automatic_optimization else \
+            "the tensor passed to `manual_backward`"
+        self.add_finding(
+            trainer, "wiring.loss_detached",
+            f"The loss returned by {where} at step {trainer.global_step} has no `grad_fn` "
+            f"(requires_grad=False, value {float(loss.detach().float().mean()):.4g}): it is "
+            f"connected to none of the {len(self._trainable)} trainable parameter tensors"
+            f"{frozen}. The backward will fail or do nothing.",
+            evidence={"requires_grad": False, "trainable_tensors": len(self._trainable),
+                      "frozen_tensors": len(self._frozen)},
+            global_step=self._step,
+        )
+        self._finish("the loss has no `grad_fn`")
+
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        nonzero_flags = list(self._nonzero.items())
+        values = torch.stack([f.to(nonzero_flags[0][1].device) for _, f in nonzero_flags]
+                             ).tolist() if nonzero_flags else []  # one host sync
+        nonzero = {name for (name, _), v in zip(nonzero_flags, values, strict=True) if v}
+        held: set[str] | None = None
+        if self.check_optimizer and trainer.optimizers:
+            ids = {id(p) for opt in trainer.optimizers for g in opt.param_groups
+                   for p in g["params"]}
+            held = {name for name, p in pl_module.named_parameters() if id(p) in ids}
+            if not held:  # e.g. a strategy that flattens parameters: names cannot be matched
+                held = None
+        result = analyze_wiring(self._trainable, self._frozen, self._received, nonzero, held)
+        self.result = result
+        step = self._step
+        if result.loss_detached and not self.has_finding("wiring.loss_detached"):
+            self.add_finding(
+                trainer, "wiring.loss_detached",
+                f"{self._backwards} backward pass(es) at step {step} reached none of the "
+                f"{len(self._trainable)} trainable parameter tensors: the loss depends on no "
+                "trainable parameter (computed from detached tensors, or from inputs only).",
+                evidence={"backwards": self._backwards,
+                          "trainable_tensors": len(self._trainable)},
+                global_step=step,
+            )
+        if result.no_grad:
+            self.add_finding(
+                trainer, "wiring.no_grad_params",
+                f"After the first backward (step {step}), {describe_groups(result.no_grad)} "
+                f"got no gradient (`.grad` is None) although `requires_grad=True`: their "
+                "outputs do not reach the loss (`.detach()`, `torch.no_grad()`, a module "
+                "defined but never called).",
+                layer=result.no_grad[0].module or None,
+                evidence=_evidence(result.no_grad), global_step=step,
+            )
+        if result.zero_grad:
+            self.add_finding(
+                trainer, "wiring.zero_grad_params",
+                f"After the first backward (step {step}), the gradient of "
+                f"{describe_groups(result.zero_grad)} is exactly zero everywhere: something "
+                "blocks the path (a multiplication by zero, a mask, dead activations).",
+                layer=result.zero_grad[0].module or None,
+                evidence=_evidence(result.zero_grad), global_step=step,
+            )
+        if result.not_in_optimizer:
+            self.add_finding(
+                trainer, "wiring.params_not_in_optimizer",
+                f"{describe_groups(result.not_in_optimizer)} receive gradients but belong to "
+                f"no param group of the {len(trainer.optimizers)} optimizer(s) returned by "
+                "`configure_optimizers`: they are never updated. Pass `self.parameters()` (or "
+                "add them to a param group).",
+                layer=result.not_in_optimizer[0].module or None,
+                evidence=_evidence(result.not_in_optimizer), global_step=step,
+            )
+        if result.frozen_groups and self.report_frozen:
+            counts = {g.module or "<model>": g.numel for g in result.frozen_groups}
+            self.add_finding(
+                trainer, "wiring.frozen_params",
+                f"{describe_groups(result.frozen_groups)} are frozen (`requires_grad=False`): "
+                f"{sum(result.frozen.values()):,} of "
+                f"{sum(result.frozen.values()) + sum(result.trainable.values()):,} values.",
+                evidence={**_evidence(result.frozen_groups), "per_module": counts},
+                global_step=step,
+            )
+        got = len(set(self._received) & set(self._trainable))
+        self._finish(f"first backward at step {step}: {got}/{len(self._trainable)} trainable "
+                     f"parameter tensors got a gradient ({self._backwards} backward pass(es))")
+
+    def _finish(self, detail: str) -> None:
+        self._done = True
+        self._armed = False
+        self.remove_handles()
+        self._nonzero.clear()
+        self.mark_ran(detail)
+
+    @override
+    def remove_handles(self) -> None:
+        super().remove_handles()
+        self._armed = False
+
+    # ------------------------------------------------------------------ state
+    @override
+    def extra_state(self) -> dict[str, Any]:
+        return {"done": self._done}
+
+    @override
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self._done = bool(state.get("done", self._done))
+
+
+__all__ = ["GradientWiringCheck", "sharded_strategy"]

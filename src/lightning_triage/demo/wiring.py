@@ -1,0 +1,29 @@
+"""Demo models with wiring bugs (stage 3): the digits MLP with a broken gradient path."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from lightning_triage.demo.digits import DigitsMLP
+
+
+class DetachedEncoderMLP(DigitsMLP):
+    """The digits MLP split into ``encoder`` and ``head``, with the encoder's output detached.
+
+    ``h = self.encoder(x).detach()`` is a classic leftover of feature extraction or of a
+    debugging session: only the head trains, on random features, and the loss still falls, so
+    nothing looks wrong in the curve.
+
+    Args:
+        lr: learning rate (SGD).
+        hidden: encoder width.
+    """
+
+    def __init__(self, lr: float = 0.1, hidden: int = 32) -> None:
+        super().__init__(lr=lr, hidden=hidden)
+        del self.net
+        self.encoder = nn.Sequential(nn.Linear(64, hidden), nn.ReLU())
+        self.head = nn.Linear(hidden, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.encoder(x).detach())
