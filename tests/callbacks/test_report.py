@@ -179,3 +179,12 @@ def test_bundle_configuration_errors() -> None:
         Triage(task="vision")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`num_classes` must be an integer >= 2"):
         Triage(num_classes=1)
+
+
+def test_no_report_from_a_process_that_did_not_watch_the_run(tmp_path: Path) -> None:
+    # e.g. the main process of `ddp_spawn`: its workers ran setup, watched and wrote the report
+    report = TriageReport(report_dir=tmp_path, verbose=False)
+    trainer = make_trainer(tmp_path, [report])
+    report.on_exception(trainer, DigitsMLP(), RuntimeError("worker crashed"))
+    assert not (tmp_path / "triage_report.json").exists()
+    assert report.report is None

@@ -95,6 +95,7 @@ class TriageReport(Callback):
         if stage != "fit":
             return
         self._done = False
+        self._resolved_dir = None
         self.report = None
         # `log_dir` broadcasts: every rank calls it here, never on the crash path
         directory = Path(self.report_dir or trainer.log_dir or trainer.default_root_dir)
@@ -108,11 +109,14 @@ class TriageReport(Callback):
 
     def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: ReportStatus,
                gather: bool) -> None:
-        if self._done:
+        directory = self._resolved_dir
+        if self._done or directory is None:
+            # no setup in this process: e.g. the main process of `ddp_spawn`, whose workers
+            # watched the run and wrote the report; do not overwrite it with an empty one
             return
         self._done = True
         try:
-            self._build_and_write(trainer, pl_module, status, gather)
+            self._build_and_write(trainer, pl_module, status, gather, directory)
         except Exception as exc:  # never break the run (or mask its exception) over the report
             if self.strict:
                 raise
@@ -120,7 +124,7 @@ class TriageReport(Callback):
                            f"{type(exc).__name__}: {exc}")
 
     def _build_and_write(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                         status: ReportStatus, gather: bool) -> None:
+                         status: ReportStatus, gather: bool, directory: Path) -> None:
         checks: list[TriageCallback] = collect_checks(trainer.callbacks)  # type: ignore[attr-defined]
         findings = [f for check in checks for f in check.findings]
         if gather and trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
@@ -134,7 +138,6 @@ class TriageReport(Callback):
             series.update(check.series())
         self.report = build_report(findings, status=status, run=run_info(trainer, pl_module),
                                    checks=[c.check_status() for c in checks], series=series)
-        directory = self._resolved_dir or Path(self.report_dir or trainer.default_root_dir)
         self.paths = write_report(self.report, directory)
         if self.verbose:
             print_report(self.report, path=self.paths[0])
