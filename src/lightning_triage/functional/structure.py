@@ -431,6 +431,14 @@ _ELEMENTWISE = {
 }
 
 
+_LOSSES = {
+    F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss,
+    F.binary_cross_entropy, F.binary_cross_entropy_with_logits, F.kl_div, F.poisson_nll_loss,
+    F.gaussian_nll_loss, F.soft_margin_loss, F.multilabel_soft_margin_loss, F.multi_margin_loss,
+    F.multilabel_margin_loss,
+}
+
+
 @dataclass
 class BroadcastEvent:
     """One elementwise operation between a prediction and the targets that broadcast."""
@@ -441,14 +449,17 @@ class BroadcastEvent:
     result_shape: list[int]
 
 
-class BroadcastWatch(TorchFunctionMode):
-    """A torch function mode that records elementwise operations (``-``, ``F.mse_loss``...)
-    between the targets (or tensors computed only from them, such as ``y.float()``) and another
-    tensor whose shapes broadcast to something larger than both.
+class LossWatch(TorchFunctionMode):
+    """A torch function mode that watches what the code does with the targets.
+
+    It records elementwise operations (``-``, ``F.mse_loss``...) between the targets (or tensors
+    computed only from them, such as ``y.float()``) and another tensor whose shapes broadcast to
+    something larger than both (``events``), and the predictions given to loss functions with
+    the targets (``loss_inputs``: ``(function name, tensor)``, graph kept).
 
     Example:
         >>> y = torch.randn(8)
-        >>> with BroadcastWatch(y) as watch:
+        >>> with LossWatch(y) as watch:
         ...     _ = ((torch.randn(8, 1) - y.float()) ** 2).mean()
         >>> [(e.prediction_shape, e.target_shape, e.result_shape) for e in watch.events]
         [([8, 1], [8], [8, 8])]
@@ -460,6 +471,7 @@ class BroadcastWatch(TorchFunctionMode):
         self.max_events = max_events
         self.events: list[BroadcastEvent] = []
         self._derived: dict[int, Tensor] = {}
+        self.loss_inputs: list[tuple[str, Tensor]] = []
 
     def _is_derived(self, t: Tensor) -> bool:
         return id(t) in self._derived or same_storage(t, self.targets)
@@ -476,7 +488,11 @@ class BroadcastWatch(TorchFunctionMode):
             for out in (result if isinstance(result, (list, tuple)) else (result,)):
                 if isinstance(out, Tensor) and len(self._derived) < 10_000:
                     self._derived[id(out)] = out  # keep a reference: ids stay unique
-        elif func in _ELEMENTWISE and len(tensors) >= 2 and any(derived[:2]) \
+            return result
+        if func in _LOSSES and len(tensors) >= 2 and any(derived[1:]) and not derived[0] \
+                and len(self.loss_inputs) < self.max_events:
+            self.loss_inputs.append((getattr(func, "__name__", str(func)), tensors[0]))
+        if func in _ELEMENTWISE and len(tensors) >= 2 and any(derived[:2]) \
                 and not all(derived[:2]) and len(self.events) < self.max_events:
             target, prediction = (tensors[0], tensors[1]) if derived[0] else (tensors[1], tensors[0])
             grown = broadcast_mismatch(prediction.shape, target.shape)
@@ -491,7 +507,7 @@ __all__ = [
     "DEFAULT_TOLERANCE",
     "BatchDependence",
     "BroadcastEvent",
-    "BroadcastWatch",
+    "LossWatch",
     "CausalDependence",
     "OutputChange",
     "aligned_start",

@@ -1,0 +1,580 @@
+"""Stage 5 (structure): do outputs mix examples, see future positions or the targets, or rely on
+silent broadcasting?"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import Tensor, nn
+from torch.nn.modules.loss import _Loss
+from typing_extensions import override
+
+from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.functional.batch import split_batch
+from lightning_triage.functional.chance import IGNORE_INDEX
+from lightning_triage.functional.structure import (
+    DEFAULT_TOLERANCE,
+    LossWatch,
+    aligned_start,
+    broadcast_mismatch,
+    example_dependence,
+    first_float_tensor,
+    is_next_token,
+    output_change,
+    parse_size_warning,
+    position_dependence,
+    probe_positions,
+    redraw_targets,
+    replace_tensor,
+    same_storage,
+)
+from lightning_triage.probing import isolated
+
+ForwardFn = Callable[[pl.LightningModule, Any], Any]
+
+#: Shape-trace entries kept for the report (the rest are counted).
+MAX_TRACE = 256
+
+
+def _is_metric(module: nn.Module) -> bool:
+    return any(cls.__module__.startswith("torchmetrics") for cls in type(module).__mro__)
+
+
+def _describe(value: Any) -> list[dict[str, Any]]:
+    """Shapes and dtypes of the tensors in a call's arguments or output (top level, lists)."""
+    found: list[Tensor] = []
+
+    def visit(v: Any, depth: int = 0) -> None:
+        if isinstance(v, Tensor):
+            found.append(v)
+        elif depth < 2 and isinstance(v, (list, tuple)):
+            for item in v:
+                visit(item, depth + 1)
+        elif depth < 2 and isinstance(v, Mapping):
+            for item in v.values():
+                visit(item, depth + 1)
+
+    visit(value)
+    return [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")} for t in found[:4]]
+
+
+def _tensors(args: Any, kwargs: Mapping[str, Any]) -> list[Tensor]:
+    out: list[Tensor] = []
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(t for t in v if isinstance(t, Tensor))
+    return out
+
+
+class _Recorder:
+    """Temporary forward hooks on every submodule for one run of the user's code: the shape
+    trace, the model's head output (the last module call that returns a per-example floating
+    tensor and is not a loss or metric), and the first module that embeds integer inputs."""
+
+    def __init__(self, n: int, inputs: Tensor, targets: Tensor | None, *, trace: bool,
+                 keep_graph: bool) -> None:
+        self.n = n
+        self.inputs = inputs
+        self.targets = targets
+        self.trace_on = trace
+        self.keep_graph = keep_graph
+        self.trace: list[dict[str, Any]] = []
+        self.calls = 0
+        self.head_name: str | None = None
+        self.head: Tensor | None = None
+        self.embedding: str | None = None
+
+    def hook(self, name: str, module: nn.Module) -> Any:
+        has_params = any(True for _ in module.parameters())
+        loss_like = isinstance(module, _Loss) or _is_metric(module)
+
+        def fn(mod: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            self.calls += 1
+            if self.trace_on and len(self.trace) < MAX_TRACE:
+                self.trace.append({"module": name or "<root>", "type": type(mod).__name__,
+                                   "inputs": _describe((args, kwargs)), "outputs": _describe(output)})
+            tensors = _tensors(args, kwargs)
+            takes_targets = self.targets is not None and any(
+                same_storage(t, self.targets) for t in tensors)
+            takes_inputs = any(same_storage(t, self.inputs) for t in tensors)
+            out = first_float_tensor(output)
+            if out is None:
+                return
+            if (self.embedding is None and takes_inputs and not self.inputs.is_floating_point()
+                    and out.shape[: self.inputs.dim()] == self.inputs.shape):
+                self.embedding = name
+            if loss_like or (takes_targets and not has_params):
+                return
+            if out.dim() >= 1 and out.numel() > 1 and out.shape[0] == self.n:
+                self.head_name = name
+                self.head = out if self.keep_graph else out.detach().clone()
+
+        return fn
+
+    @contextmanager
+    def attached(self, module: nn.Module) -> Iterator[_Recorder]:
+        handles = []
+        try:
+            for name, sub in module.named_modules():
+                handles.append(sub.register_forward_hook(self.hook(name, sub), with_kwargs=True))
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+@contextmanager
+def _replace_output(module: nn.Module, inputs: Tensor, holder: dict[str, Tensor]) -> Iterator[None]:
+    """Replace the output of ``module``'s (first) call on ``inputs`` by a leaf tensor that
+    requires grad (kept in ``holder["leaf"]``): the probe then differentiates w.r.t. it."""
+
+    def hook(mod: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+        if "leaf" in holder or not isinstance(output, Tensor):
+            return None
+        if not any(same_storage(t, inputs) for t in _tensors(args, kwargs)):
+            return None
+        holder["leaf"] = output.detach().clone().requires_grad_(True)
+        return holder["leaf"]
+
+    handle = module.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+class StructureProbe(TriageCallback):
+    """Probe the model's structure once, on a copy of the first training batch.
+
+    At the first training batch, in eval mode and inside :func:`~lightning_triage.probing.isolated`
+    (weights, buffers, optimizer state, RNG and train/eval flags restored; nothing logged), the
+    probe runs the user's ``training_step`` (or ``forward_fn``) three times on a copy of the batch
+    (at most ``max_examples`` examples) with temporary hooks that find the model's head output:
+
+    1. as is: a shape trace of every module, the framework's broadcast warnings and the
+       elementwise operations between predictions and targets that broadcast
+       (``structure.shape_mismatch``);
+    2. with the targets redrawn from their own values, inputs unchanged: if the head output
+       changes, the targets reach the forward pass (``structure.target_leak``). For sequence
+       targets only the first output position is compared (teacher forcing feeds it the start
+       token, never a target it predicts);
+    3. with the inputs (or, for integer inputs, the output of the module that embeds them) made
+       a leaf: the gradient of example 0's output w.r.t. the other examples' inputs
+       (``structure.batch_mixing``) and, when ``causal=True`` or the data is next-token
+       (``targets[:, :-1] == inputs[:, 1:]``), of output positions w.r.t. later input
+       positions (``structure.causal_leak``).
+
+    When the model cannot be run this way (manual optimization, no input tensor found, no head
+    output found) the probe reports ``structure.probe_skipped`` (info) saying what to pass.
+
+    Args:
+        causal: ``True``: the model must be causal, always probe it; ``None`` (default): probe
+            causality when the batch is next-token data; ``False``: never probe it.
+        forward_fn: ``callable(pl_module, batch) -> output`` running the model's forward on a
+            batch; default: run ``training_step`` and find the head output with hooks. Needed
+            under manual optimization.
+        input_key: the batch entry holding the inputs (default: found by name or position).
+        target_key: the batch entry holding the targets.
+        max_examples: the probe uses at most this many examples of the batch.
+        tolerance: relative gradient or output change above which a dependence counts.
+        ignore_index: target value ignored when recognizing next-token data.
+        strict: raise internal errors (and errors of the user's code in the probe) instead of
+            reporting them.
+
+    Raises:
+        ValueError: for an invalid argument (named in the message).
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[StructureProbe(causal=True)])
+
+        In LightningCLI YAML::
+
+            trainer:
+              callbacks:
+                - class_path: lightning_triage.StructureProbe
+                  init_args: {causal: true, max_examples: 16}
+    """
+
+    def __init__(
+        self,
+        causal: bool | None = None,
+        forward_fn: ForwardFn | None = None,
+        input_key: str | None = None,
+        target_key: str | None = None,
+        max_examples: int = 16,
+        tolerance: float = DEFAULT_TOLERANCE,
+        ignore_index: int = IGNORE_INDEX,
+        *,
+        strict: bool = False,
+    ) -> None:
+        super().__init__(strict=strict)
+        if causal is not None and not isinstance(causal, bool):
+            raise ValueError(f"`causal` must be True, False or None (auto), got {causal!r}.")
+        if forward_fn is not None and not callable(forward_fn):
+            raise ValueError(f"`forward_fn` must be callable(pl_module, batch) or None, got {forward_fn!r}.")
+        for arg, value in (("input_key", input_key), ("target_key", target_key)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"`{arg}` must be a string or None, got {value!r}.")
+        if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 2:
+            raise ValueError(f"`max_examples` must be an integer >= 2, got {max_examples!r}.")
+        if not 0 < tolerance < 1:
+            raise ValueError(f"`tolerance` must be in (0, 1), got {tolerance!r}.")
+        self.causal = causal
+        self.forward_fn = forward_fn
+        self.input_key = input_key
+        self.target_key = target_key
+        self.max_examples = max_examples
+        self.tolerance = tolerance
+        self.ignore_index = ignore_index
+        self.shape_trace: list[dict[str, Any]] = []
+        self.trace_truncated = 0
+        self.results: dict[str, Any] = {}
+        self.probe_seconds: float | None = None
+
+    # ------------------------------------------------------------------ hooks
+    @override
+    @guarded
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self.ran or self.results or trainer.global_step != 0 or batch_idx != 0:
+            return
+        start = time.perf_counter()
+        try:
+            self._probe(trainer, pl_module, batch)
+        finally:
+            self.probe_seconds = time.perf_counter() - start
+            self.results.setdefault("seconds", round(self.probe_seconds, 4))
+        if self.ran:
+            self.detail = f"{self.detail}; cost {1000 * self.probe_seconds:.0f} ms"
+
+    # ------------------------------------------------------------------ probe
+    def _copy(self, batch: Any) -> Any:
+        """A copy of ``batch`` with at most ``max_examples`` examples (tensors cloned)."""
+        inputs = split_batch(batch, self.input_key, self.target_key).inputs
+        n = None if inputs is None or inputs.dim() == 0 else inputs.shape[0]
+        keep = None if n is None or n <= self.max_examples else self.max_examples
+
+        def cut(t: Tensor) -> Tensor:
+            if keep is not None and t.dim() > 0 and t.shape[0] == n:
+                t = t[:keep]
+            return t.detach().clone()
+
+        def cut_list(v: list[Any]) -> list[Any]:
+            return v[:keep] if keep is not None and len(v) == n else list(v)
+
+        copied = apply_to_collection(batch, Tensor, cut)
+        return apply_to_collection(copied, list, cut_list, wrong_dtype=None) if keep else copied
+
+    def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
+        if self.forward_fn is not None:
+            return self.forward_fn(pl_module, batch)
+        return pl_module.training_step(batch, 0)
+
+    def _skipped(self, trainer: pl.Trainer, why: str, what: str) -> None:
+        self.results["skipped"] = why
+        self.add_finding(trainer, "structure.probe_skipped",
+                         f"The structure probe did not run: {why}. {what}",
+                         evidence={"reason": why}, global_step=0)
+        self.mark_ran(f"skipped: {why}")
+
+    def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        if not pl_module.automatic_optimization and self.forward_fn is None:
+            self._skipped(trainer, "manual optimization (running `training_step` would step the "
+                          "optimizers)", "Pass `forward_fn=lambda module, batch: module(batch[0])` "
+                          "(your model's forward on a batch) to probe the structure.")
+            return
+        copy_a = self._copy(batch)
+        parts = split_batch(copy_a, self.input_key, self.target_key)
+        x, y = parts.inputs, parts.targets
+        if x is None or x.dim() == 0:
+            self._skipped(trainer, "no input tensor found in the batch",
+                          "Pass `input_key=` (and `target_key=`) naming the batch entries.")
+            return
+        if y is not None and same_storage(x, y):
+            y = None
+        n = x.shape[0]
+        forwards = 0
+        with isolated(pl_module, trainer.optimizers):
+            pl_module.eval()
+            with torch.enable_grad():
+                # pass 1: as is (trace, warnings, broadcasting)
+                rec_a = _Recorder(n, x, y, trace=True, keep_graph=False)
+                watch = LossWatch(y) if y is not None else None
+                rng = torch.get_rng_state()
+                with warnings.catch_warnings(record=True) as caught, rec_a.attached(pl_module):
+                    warnings.simplefilter("always")
+                    if watch is not None:
+                        with watch:
+                            out_a = self._run(trainer, pl_module, copy_a)
+                    else:
+                        out_a = self._run(trainer, pl_module, copy_a)
+                forwards += 1
+                head_name, head_a = self._head(rec_a, out_a, n)
+                self.shape_trace = rec_a.trace
+                self.trace_truncated = max(0, rec_a.calls - len(rec_a.trace))
+                self._check_shapes(trainer, watch, caught, head_name)
+                if head_a is None:
+                    self._skipped(trainer, "no per-example floating output found (no module call "
+                                  f"returned a tensor with {n} examples on dim 0)",
+                                  "Pass `forward_fn=` returning the model's predictions.")
+                    return
+                self.results["head"] = {"module": head_name, "shape": list(head_a.shape)}
+                # pass 2: targets redrawn
+                if y is not None:
+                    forwards += self._check_target_leak(trainer, pl_module, copy_a, y, head_name,
+                                                        head_a, rng)
+                else:
+                    self.results["target_leak"] = "skipped: no targets found in the batch"
+                # pass 3: gradients
+                forwards += self._check_gradients(trainer, pl_module, copy_a, x, y, rec_a)
+        checked = ", ".join(f"{k} {v if isinstance(v, str) else 'ran'}"
+                            for k, v in self.results.items()
+                            if k in ("batch_mixing", "causal", "target_leak", "shape"))
+        self.results["forward_passes"] = forwards
+        self.mark_ran(f"{forwards} forward passes on {min(n, self.max_examples)} examples; {checked}")
+
+    @staticmethod
+    def _label(pl_module: pl.LightningModule, name: str | None) -> str:
+        """A module name for messages (the LightningModule's class for the root)."""
+        if name is None:
+            return "<unknown>"
+        return name or type(pl_module).__name__
+
+    @staticmethod
+    def _layer(name: str | None) -> str | None:
+        return None if name in (None, "", "<forward_fn>") else name
+
+    def _head(self, rec: _Recorder, output: Any, n: int) -> tuple[str | None, Tensor | None]:
+        if self.forward_fn is not None:
+            out = first_float_tensor(output)
+            if out is not None and out.dim() >= 1 and out.shape[0] == n:
+                return "<forward_fn>", out if rec.keep_graph else out.detach().clone()
+        return rec.head_name, rec.head
+
+    # ------------------------------------------------------------------ shapes
+    def _check_shapes(self, trainer: pl.Trainer, watch: LossWatch | None,
+                      caught: list[warnings.WarningMessage], head_name: str | None) -> None:
+        framework = []
+        for w in caught:
+            parsed = parse_size_warning(str(w.message))
+            if parsed is not None and broadcast_mismatch(*parsed) is not None:
+                framework.append({"message": str(w.message), "input_shape": parsed[0],
+                                  "target_shape": parsed[1], "category": w.category.__name__})
+        events = [vars(e) for e in watch.events] if watch is not None else []
+        if not events and not framework:
+            self.results["shape"] = "ok"
+            return
+        first = events[0] if events else {
+            "op": "loss", "prediction_shape": framework[0]["input_shape"],
+            "target_shape": framework[0]["target_shape"],
+            "result_shape": broadcast_mismatch(framework[0]["input_shape"],
+                                               framework[0]["target_shape"])}
+        self.results["shape"] = "mismatch"
+        pred, tgt, res = first["prediction_shape"], first["target_shape"], first["result_shape"]
+        self.add_finding(
+            trainer, "structure.shape_mismatch",
+            f"`{first['op']}` combines predictions of shape {tuple(pred)} with targets of shape "
+            f"{tuple(tgt)}, which broadcast silently to {tuple(res)}: every prediction is compared "
+            f"with every target. Make the shapes equal before the loss (e.g. `pred.squeeze(-1)` "
+            f"or `target.view_as(pred)`).",
+            evidence={"prediction_shape": pred, "target_shape": tgt, "broadcast_shape": res,
+                      "op": first["op"], "operations": events, "framework_warnings": framework,
+                      "head_module": head_name},
+            global_step=0,
+        )
+
+    # ------------------------------------------------------------------ target leak
+    def _check_target_leak(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
+                           y: Tensor, head_name: str | None, head_a: Tensor, rng: Tensor) -> int:
+        start = aligned_start(list(head_a.shape), list(y.shape))
+        new_y = redraw_targets(y, start=start)
+        if new_y is None:
+            self.results["target_leak"] = "skipped: every target of the batch is equal"
+            return 0
+        copy_b = replace_tensor(copy_a, y, new_y)
+        x_b = split_batch(copy_b, self.input_key, self.target_key).inputs
+        assert x_b is not None
+        rec_b = _Recorder(head_a.shape[0], x_b, new_y, trace=False, keep_graph=False)
+        torch.set_rng_state(rng)  # same randomness as pass 1: only the targets differ
+        with rec_b.attached(pl_module), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out_b = self._run(trainer, pl_module, copy_b)
+        _, head_b = self._head(rec_b, out_b, head_a.shape[0])
+        if head_b is None:
+            self.results["target_leak"] = "skipped: no head output with the redrawn targets"
+            return 1
+        positions = slice(0, 1) if start is not None else None
+        change = output_change(head_a, head_b, positions=positions, tolerance=self.tolerance)
+        redrawn = (f"target positions {start}..{y.shape[1] - 1} permuted"
+                   if start is not None else "targets permuted across the batch")
+        self.results["target_leak"] = "leak" if change.changed else "ok"
+        if not change.changed:
+            return 1
+        where = ("at the first output position, which teacher forcing only feeds the tokens "
+                 f"before target position {start}" if start is not None else "")
+        self.add_finding(
+            trainer, "structure.target_leak",
+            f"The output of `{self._label(pl_module, head_name)}` changed when only the targets changed ({redrawn}, "
+            f"inputs unchanged){' ' + where if where else ''}: max |diff| "
+            f"{change.max_abs_diff:.4g} ({change.relative_diff:.3g} of its scale), "
+            f"{100 * change.fraction_changed:.0f}% of the compared values changed. The targets "
+            "reach the forward pass: feed the decoder the targets shifted right and keep labels "
+            "out of the features (expected only for label-conditioned models).",
+            layer=self._layer(head_name),
+            evidence={"module": head_name, "compared": change.compared,
+                      "max_abs_diff": change.max_abs_diff, "relative_diff": change.relative_diff,
+                      "fraction_changed": change.fraction_changed, "replacement": redrawn,
+                      "output_shape": change.shape_before, "output_shape_after": change.shape_after,
+                      "target_shape": list(y.shape)},
+            global_step=0,
+        )
+        return 1
+
+    # ------------------------------------------------------------------ gradients
+    def _causal_reason(self, x: Tensor, y: Tensor | None) -> str | None:
+        if self.causal is True:
+            return "`causal=True`"
+        if self.causal is None and is_next_token(x, y, self.ignore_index):
+            assert y is not None
+            return (f"next-token data: targets[:, :-1] == inputs[:, 1:] on the first batch "
+                    f"({y.shape[0]}x{y.shape[1]} tokens), so the model must be causal")
+        return None
+
+    def _check_gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
+                         x: Tensor, y: Tensor | None, rec_a: _Recorder) -> int:
+        reason = self._causal_reason(x, y)
+        holder: dict[str, Tensor] = {}
+        if x.is_floating_point():
+            leaf = x.detach().clone().requires_grad_(True)
+            copy_g = replace_tensor(copy_a, x, leaf)
+            probe_input = "the batch's input tensor"
+            replace = None
+        elif rec_a.embedding is not None:
+            copy_g, leaf = copy_a, None
+            probe_input = f"the output of `{rec_a.embedding or '<root>'}` (it embeds the integer inputs)"
+            replace = pl_module.get_submodule(rec_a.embedding)
+        else:
+            why = ("integer inputs and no module takes them directly to a floating output "
+                   "(e.g. an embedding)")
+            self.results["batch_mixing"] = f"skipped: {why}"
+            if reason is not None:
+                self.results["causal"] = f"skipped: {why}"
+                self._skipped(trainer, why, "Pass `forward_fn=` calling the model on the batch's "
+                              "inputs, or embed the tokens with an `nn.Embedding` module.")
+            return 0
+        x_g = split_batch(copy_g, self.input_key, self.target_key).inputs
+        y_g = split_batch(copy_g, self.input_key, self.target_key).targets
+        assert x_g is not None
+        rec_g = _Recorder(x.shape[0], x_g, y_g, trace=False, keep_graph=True)
+        watch = LossWatch(y_g) if y_g is not None else None
+        with warnings.catch_warnings(), ExitStack() as stack:
+            warnings.simplefilter("ignore")
+            if replace is not None:
+                stack.enter_context(_replace_output(replace, x_g, holder))
+            stack.enter_context(rec_g.attached(pl_module))
+            if watch is not None:
+                stack.enter_context(watch)
+            out_g = self._run(trainer, pl_module, copy_g)
+        if replace is not None:
+            leaf = holder.get("leaf")
+        head_name, head = self._head(rec_g, out_g, x.shape[0])
+        if leaf is None or head is None or not head.requires_grad:
+            self.results["batch_mixing"] = "skipped: the head output does not depend on the inputs"
+            return 1
+        self.results["probe_input"] = probe_input
+        causal_ok = (reason is not None and head.dim() >= 2 and leaf.dim() >= 2
+                     and head.shape[1] == leaf.shape[1] >= 2)
+        positions = probe_positions(leaf.shape[1]) if causal_ok else []
+        outputs = [(f"the output of `{self._label(pl_module, head_name)}`", head_name, head)]
+        if watch is not None:
+            for fn_name, pred in watch.loss_inputs[:1]:
+                if (pred is not head and pred.requires_grad and pred.dim() >= 1
+                        and pred.shape[0] == leaf.shape[0]):
+                    outputs.append((f"the prediction given to `{fn_name}`", None, pred))
+        if leaf.shape[0] < 2:
+            self.results["batch_mixing"] = "skipped: a single example"
+        else:
+            self.results["batch_mixing"] = "ok"
+        for i, (label, name, out) in enumerate(outputs if leaf.shape[0] >= 2 else []):
+            mix = example_dependence(out, leaf, example=0, tolerance=self.tolerance,
+                                     retain_graph=bool(positions) or i < len(outputs) - 1)
+            if not mix.mixing:
+                continue
+            self.results["batch_mixing"] = "mixing"
+            self.add_finding(
+                trainer, "structure.batch_mixing",
+                f"In eval mode {label} for example 0 depends on the inputs of other examples: "
+                f"gradient norm {mix.other_grad_norm:.3g} reaches them (largest: example "
+                f"{mix.worst_example}) vs {mix.own_grad_norm:.3g} for its own input. An operation "
+                "mixes the batch dimension: a softmax/log_softmax or normalization over `dim=0`, a "
+                "`view`/`reshape` that merges the batch with another dimension, or batch and "
+                "sequence dimensions swapped.",
+                layer=self._layer(name),
+                evidence={"output": label, "example": 0, "own_grad_norm": mix.own_grad_norm,
+                          "other_grad_norm": mix.other_grad_norm, "ratio": mix.ratio,
+                          "worst_example": mix.worst_example, "probe_input": probe_input,
+                          "batch_size": int(leaf.shape[0])},
+                global_step=0,
+            )
+            break
+        if reason is None:
+            return 1
+        if not causal_ok:
+            why = (f"the head output {tuple(head.shape)} and the probed input {tuple(leaf.shape)} do "
+                   "not share a sequence length on dim 1")
+            self.results["causal"] = f"skipped: {why}"
+            self._skipped(trainer, f"causal probe ({reason}): {why}",
+                          "Pass `forward_fn=` returning per-position outputs `(N, T, ...)`.")
+            return 1
+        self.results["causal"] = f"ok ({reason})"
+        for i, pos in enumerate(positions):
+            dep = position_dependence(head, leaf, pos, tolerance=self.tolerance,
+                                      retain_graph=i < len(positions) - 1)
+            if dep.leak:
+                self.results["causal"] = f"leak ({reason})"
+                shown = dep.future_positions[:8]
+                more = "..." if len(dep.future_positions) > 8 else ""
+                self.add_finding(
+                    trainer, "structure.causal_leak",
+                    f"Output position {pos} of `{self._label(pl_module, head_name)}` depends on later input positions "
+                    f"{shown}{more} ({100 * dep.ratio:.1f}% of its input gradient norm comes from "
+                    f"the future); checked because of {reason}. Check the attention masks (upper "
+                    "triangle masked? the encoder's too?) and every layer that mixes positions "
+                    "(convolutions need left padding).",
+                    layer=self._layer(head_name),
+                    evidence={"position": pos, "future_positions": dep.future_positions,
+                              "future_grad_norm": dep.future_grad_norm,
+                              "past_grad_norm": dep.past_grad_norm, "future_share": dep.ratio,
+                              "reason": reason, "probe_input": probe_input,
+                              "sequence_length": int(leaf.shape[1]),
+                              "positions_probed": positions},
+                    global_step=0,
+                )
+                break
+        return 1
+
+    # ------------------------------------------------------------------ state
+    @override
+    def extra_state(self) -> dict[str, Any]:
+        return {"shape_trace": self.shape_trace, "trace_truncated": self.trace_truncated,
+                "results": self.results, "probe_seconds": self.probe_seconds}
+
+    @override
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.shape_trace = list(state.get("shape_trace", []))
+        self.trace_truncated = int(state.get("trace_truncated", 0))
+        self.results = dict(state.get("results", {}))
+        self.probe_seconds = state.get("probe_seconds")
+
+
+__all__ = ["StructureProbe"]
