@@ -3,6 +3,7 @@
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.initial_loss import InitialLossCheck
 from lightning_triage.callbacks.report import TriageReport
+from lightning_triage.callbacks.structure_probe import StructureProbe
 from lightning_triage.callbacks.triage import Triage
 
-__all__ = ["InitialLossCheck", "Triage", "TriageCallback", "TriageReport"]
+__all__ = ["InitialLossCheck", "StructureProbe", "Triage", "TriageCallback", "TriageReport"]

@@ -364,7 +364,7 @@ class StructureProbe(TriageCallback):
     # ------------------------------------------------------------------ shapes
     def _check_shapes(self, trainer: pl.Trainer, watch: LossWatch | None,
                       caught: list[warnings.WarningMessage], head_name: str | None) -> None:
-        framework = []
+        framework: list[dict[str, Any]] = []
         for w in caught:
             parsed = parse_size_warning(str(w.message))
             if parsed is not None and broadcast_mismatch(*parsed) is not None:
@@ -374,7 +374,7 @@ class StructureProbe(TriageCallback):
         if not events and not framework:
             self.results["shape"] = "ok"
             return
-        first = events[0] if events else {
+        first: dict[str, Any] = events[0] if events else {
             "op": "loss", "prediction_shape": framework[0]["input_shape"],
             "target_shape": framework[0]["target_shape"],
             "result_shape": broadcast_mismatch(framework[0]["input_shape"],
@@ -424,8 +424,8 @@ class StructureProbe(TriageCallback):
                  f"before target position {start}" if start is not None else "")
         self.add_finding(
             trainer, "structure.target_leak",
-            f"The output of `{self._label(pl_module, head_name)}` changed when only the targets changed ({redrawn}, "
-            f"inputs unchanged){' ' + where if where else ''}: max |diff| "
+            f"The output of `{self._label(pl_module, head_name)}` changed when only the targets "
+            f"changed ({redrawn}, inputs unchanged){' ' + where if where else ''}: max |diff| "
             f"{change.max_abs_diff:.4g} ({change.relative_diff:.3g} of its scale), "
             f"{100 * change.fraction_changed:.0f}% of the compared values changed. The targets "
             "reach the forward pass: feed the decoder the targets shifted right and keep labels "
@@ -546,11 +546,12 @@ class StructureProbe(TriageCallback):
                 more = "..." if len(dep.future_positions) > 8 else ""
                 self.add_finding(
                     trainer, "structure.causal_leak",
-                    f"Output position {pos} of `{self._label(pl_module, head_name)}` depends on later input positions "
-                    f"{shown}{more} ({100 * dep.ratio:.1f}% of its input gradient norm comes from "
-                    f"the future); checked because of {reason}. Check the attention masks (upper "
-                    "triangle masked? the encoder's too?) and every layer that mixes positions "
-                    "(convolutions need left padding).",
+                    f"Output position {pos} of `{self._label(pl_module, head_name)}` depends on "
+                    f"later input positions {shown}{more} ({100 * dep.ratio:.1f}% of its input "
+                    f"gradient norm comes from the future); checked because of {reason}. Check "
+                    "the attention masks (upper triangle masked? the encoder's too? cross-attention "
+                    "to an encoder that saw the whole sequence?) and every layer that mixes "
+                    "positions (convolutions need left padding).",
                     layer=self._layer(head_name),
                     evidence={"position": pos, "future_positions": dep.future_positions,
                               "future_grad_norm": dep.future_grad_norm,

@@ -16,6 +16,7 @@ from typing_extensions import override
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
 from lightning_triage.callbacks.report import TriageReport
+from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
 from lightning_triage.functional.chance import Task
 
 
@@ -31,7 +32,12 @@ class Triage(Callback):
         task: ``"auto"`` (infer from the first batch), ``"multiclass"``, ``"binary"``,
             ``"regression"`` or ``"sequence"`` (token-level classification, language modeling).
         num_classes: class count (vocabulary size for ``"sequence"``).
-        causal: the model must not look at future positions (enables the causal probe).
+        causal: ``True``: the model must not look at future positions, always run the causal
+            probe; ``False`` (default): run it when the data is next-token prediction (targets
+            are the inputs shifted by one position).
+        forward_fn: ``callable(pl_module, batch) -> output`` running the model on a batch, for
+            the structure probes when they cannot find the forward through ``training_step``
+            (manual optimization).
         strict: raise internal errors of checks instead of disabling them (for tests).
         verbose: print the report summary at the end of fit.
 
@@ -62,6 +68,7 @@ class Triage(Callback):
         causal: bool = False,
         strict: bool = False,
         verbose: bool = True,
+        forward_fn: ForwardFn | None = None,
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -70,8 +77,10 @@ class Triage(Callback):
         self.causal = causal
         self.strict = strict
         self.verbose = verbose
+        self.forward_fn = forward_fn
         self.checks: list[TriageCallback] = [
             InitialLossCheck(task=task, num_classes=num_classes, strict=strict),
+            StructureProbe(causal=True if causal else None, forward_fn=forward_fn, strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
 

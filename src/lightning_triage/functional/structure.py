@@ -20,7 +20,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -507,8 +507,8 @@ __all__ = [
     "DEFAULT_TOLERANCE",
     "BatchDependence",
     "BroadcastEvent",
-    "LossWatch",
     "CausalDependence",
+    "LossWatch",
     "OutputChange",
     "aligned_start",
     "batch_mixing",

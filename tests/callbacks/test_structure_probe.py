@@ -1,0 +1,305 @@
+"""StructureProbe on real `Trainer.fit` runs: each structure bug caught, healthy models silent."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from lightning_triage import StructureProbe, Triage
+from tests.callbacks.structure_models import (
+    CNN,
+    MLP,
+    DecoderLM,
+    DictClassifier,
+    DictDataset,
+    Seq2Seq,
+    V,
+    next_token_loader,
+    pair_loader,
+)
+from tests.helpers import codes, loader, make_trainer, stage_codes
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
+
+
+def fit(tmp_path: Path, model: pl.LightningModule, train: DataLoader, probe: StructureProbe | None = None,
+        **kwargs: Any) -> StructureProbe:
+    probe = probe if probe is not None else StructureProbe(strict=True)
+    pl.seed_everything(0, verbose=False)
+    kwargs.setdefault("limit_train_batches", 2)
+    make_trainer(tmp_path, [probe], **kwargs).fit(model, train)
+    return probe
+
+
+def classification(n: int = 64, n_in: int = 8, classes: int = 4) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return loader(torch.randn(n, n_in, generator=g), torch.randint(0, classes, (n,), generator=g),
+                  batch_size=16)
+
+
+def regression(n: int = 64) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return loader(torch.randn(n, 8, generator=g), torch.randn(n, generator=g), batch_size=16)
+
+
+def the(probe: StructureProbe, code: str) -> Any:
+    found = [f for f in probe.findings if f.code == code]
+    assert len(found) == 1, [f.code for f in probe.findings]
+    return found[0]
+
+
+def assert_silent(probe: StructureProbe) -> None:
+    assert stage_codes(probe.findings, "structure") == set(), [f.message for f in probe.findings]
+    status = probe.check_status()
+    assert status["status"] == "passed", status
+    assert "ms" in status["detail"]
+
+
+# ----------------------------------------------------------------------------- batch mixing
+def test_log_softmax_over_batch_dim_is_batch_mixing(tmp_path: Path) -> None:
+    probe = fit(tmp_path, MLP(softmax_dim=0), classification())
+    finding = the(probe, "structure.batch_mixing")
+    assert finding.severity == "error"
+    assert "nll_loss" in finding.message
+    assert finding.evidence["other_grad_norm"] > 0.01 * finding.evidence["own_grad_norm"]
+    assert probe.check_status()["status"] == "failed"
+
+
+class SoftmaxInForward(MLP):
+    def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        return torch.log_softmax(self.net(x), dim=0)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.nll_loss(self(x), y)
+
+
+def test_log_softmax_over_batch_dim_inside_forward(tmp_path: Path) -> None:
+    probe = fit(tmp_path, SoftmaxInForward(), classification())
+    finding = the(probe, "structure.batch_mixing")
+    assert "SoftmaxInForward" in finding.message
+
+
+@pytest.mark.parametrize("make", [MLP, CNN, lambda: MLP(dropout=0.3)], ids=["mlp", "cnn_bn", "mlp_dropout"])
+def test_healthy_classifiers_are_silent(tmp_path: Path, make: Any) -> None:
+    model = make()
+    train = classification()
+    if isinstance(model, CNN):
+        g = torch.Generator().manual_seed(0)
+        train = loader(torch.randn(64, 1, 8, 8, generator=g), torch.randint(0, 3, (64,), generator=g),
+                       batch_size=16)
+    probe = fit(tmp_path, model, train)
+    assert_silent(probe)
+    assert probe.results["batch_mixing"] == "ok"
+    assert probe.results["target_leak"] == "ok"
+
+
+def test_dict_batch_with_string_ids_and_loss_modules_is_silent(tmp_path: Path) -> None:
+    probe = fit(tmp_path, DictClassifier(), DataLoader(DictDataset(), batch_size=16))
+    assert_silent(probe)
+    assert probe.results["head"]["module"] == "classifier"
+    assert probe.results["target_leak"] == "ok"
+
+
+# ----------------------------------------------------------------------------- causal leak
+def test_future_mask_with_causal_true_is_causal_leak(tmp_path: Path) -> None:
+    probe = fit(tmp_path, DecoderLM(mask="future"), next_token_loader(),
+                StructureProbe(causal=True, strict=True))
+    finding = the(probe, "structure.causal_leak")
+    assert finding.evidence["reason"] == "`causal=True`"
+    assert finding.evidence["position"] == 0
+    assert finding.evidence["future_positions"] == list(range(1, 8))
+    assert "tok" in finding.evidence["probe_input"]
+
+
+def test_correct_causal_lm_without_argument_is_probed_and_silent(tmp_path: Path) -> None:
+    probe = fit(tmp_path, DecoderLM(mask="causal"), next_token_loader())
+    assert_silent(probe)
+    assert probe.results["causal"].startswith("ok (next-token data")
+
+
+def test_encoder_attending_to_future_caught_from_next_token_data(tmp_path: Path) -> None:
+    """No `causal` argument: the data is next-token, so the probe runs and finds the encoder's
+    view of the future; trained on pure random tokens the leak drives the loss far below ln V."""
+    probe = StructureProbe(strict=True)
+    model = Seq2Seq(decoder_input="shifted", lr=1e-2)
+    fit(tmp_path, model, next_token_loader(n=2048, batch_size=32), probe, limit_train_batches=64)
+    finding = the(probe, "structure.causal_leak")
+    assert "next-token data" in finding.evidence["reason"]
+    assert finding.evidence["future_positions"][0] == finding.evidence["position"] + 1
+    assert "structure.target_leak" not in codes(probe.findings)  # decoder input is shifted
+    assert sum(model.losses[-16:]) / 16 < 0.5 * math.log(V)
+
+
+def test_causal_false_disables_the_auto_probe(tmp_path: Path) -> None:
+    probe = fit(tmp_path, DecoderLM(mask="future"), next_token_loader(),
+                StructureProbe(causal=False, strict=True))
+    assert "causal" not in probe.results
+    assert stage_codes(probe.findings, "structure") == set()
+
+
+# ----------------------------------------------------------------------------- target leak
+def test_decoder_fed_unshifted_targets_is_target_leak(tmp_path: Path) -> None:
+    probe = StructureProbe(strict=True)
+    model = Seq2Seq(decoder_input="targets", lr=1e-2)
+    fit(tmp_path, model, pair_loader("random", n=2048, batch_size=32), probe, limit_train_batches=64)
+    finding = the(probe, "structure.target_leak")
+    assert finding.evidence["compared"].startswith("positions 0..0")
+    assert finding.evidence["max_abs_diff"] > 1e-3
+    assert "Seq2Seq" in finding.message
+    # inputs and targets are independent random tokens: only the leak explains this loss
+    assert sum(model.losses[-16:]) / 16 < 0.25 * math.log(V)
+
+
+def test_teacher_forcing_with_shifted_targets_is_silent(tmp_path: Path) -> None:
+    probe = fit(tmp_path, Seq2Seq(decoder_input="shifted"), pair_loader("reverse"))
+    assert_silent(probe)
+    assert probe.results["target_leak"] == "ok"
+    assert "causal" not in probe.results  # reversed targets are not next-token data
+
+
+def test_label_as_feature_is_target_leak(tmp_path: Path) -> None:
+    probe = fit(tmp_path, MLP(label_feature=True), classification())
+    finding = the(probe, "structure.target_leak")
+    assert finding.evidence["compared"] == "all"
+    assert finding.evidence["fraction_changed"] > 0.1
+
+
+# ----------------------------------------------------------------------------- shapes
+def test_mse_between_n1_and_n_is_shape_mismatch(tmp_path: Path) -> None:
+    probe = fit(tmp_path, MLP(regression=True, squeeze=False), regression())
+    finding = the(probe, "structure.shape_mismatch")
+    assert finding.evidence["prediction_shape"] == [16, 1]
+    assert finding.evidence["target_shape"] == [16]
+    assert finding.evidence["broadcast_shape"] == [16, 16]
+    warned = finding.evidence["framework_warnings"]
+    assert warned
+    assert "target size" in warned[0]["message"]
+
+
+class ManualMSE(MLP):
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return ((self(x) - y.float()) ** 2).mean()  # (N, 1) - (N,) -> (N, N), no warning
+
+
+def test_hand_written_broadcast_is_shape_mismatch(tmp_path: Path) -> None:
+    probe = fit(tmp_path, ManualMSE(regression=True), regression())
+    finding = the(probe, "structure.shape_mismatch")
+    assert finding.evidence["framework_warnings"] == []
+    assert finding.evidence["broadcast_shape"] == [16, 16]
+
+
+def test_healthy_regressor_is_silent(tmp_path: Path) -> None:
+    assert_silent(fit(tmp_path, MLP(regression=True), regression()))
+
+
+# ----------------------------------------------------------------------------- forward discovery
+class Manual(MLP):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        opt = self.optimizers()
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+def test_manual_optimization_skips_with_info_or_uses_forward_fn(tmp_path: Path) -> None:
+    probe = fit(tmp_path, Manual(), classification())
+    skipped = the(probe, "structure.probe_skipped")
+    assert skipped.severity == "info"
+    assert "forward_fn" in skipped.message
+    assert probe.check_status()["status"] == "passed"
+
+    probe = fit(tmp_path, Manual(), classification(),
+                StructureProbe(forward_fn=lambda module, batch: module(batch[0]), strict=True))
+    assert_silent(probe)
+    assert probe.results["batch_mixing"] == "ok"
+
+
+def test_shape_trace_is_json_and_survives_checkpoint_state(tmp_path: Path) -> None:
+    probe = fit(tmp_path, DecoderLM(), next_token_loader())
+    trace = probe.shape_trace
+    assert trace[0]["module"] == "tok"
+    assert trace[0]["outputs"][0]["shape"] == [16, 8, 32]
+    assert any(e["module"] == "head" and e["outputs"][0]["shape"] == [16, 8, V] for e in trace)
+    json.dumps(probe.state_dict())
+    restored = StructureProbe()
+    restored.load_state_dict(pickle.loads(pickle.dumps(probe.state_dict())))
+    assert restored.shape_trace == trace
+    assert restored.results == probe.results
+
+
+# ----------------------------------------------------------------------------- zero interference
+def _weights_after(tmp_path: Path, callbacks: list[Any], make: Any, train: DataLoader) -> dict[str, Tensor]:
+    pl.seed_everything(0, verbose=False)
+    model = make()
+    make_trainer(tmp_path, callbacks, limit_train_batches=4, max_epochs=2).fit(model, train)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("which", ["mlp_dropout", "seq2seq"])
+def test_zero_interference(tmp_path: Path, which: str) -> None:
+    if which == "mlp_dropout":
+        def make() -> pl.LightningModule:
+            return MLP(dropout=0.5)
+
+        def data() -> DataLoader:
+            g = torch.Generator().manual_seed(0)
+            return loader(torch.randn(64, 8, generator=g), torch.randint(0, 4, (64,), generator=g),
+                          batch_size=16, shuffle=True)
+    else:
+        def make() -> pl.LightningModule:
+            return Seq2Seq(decoder_input="targets")
+
+        def data() -> DataLoader:
+            return pair_loader("random")
+    probe = StructureProbe(strict=True)
+    with_probe = _weights_after(tmp_path / "a", [probe], make, data())
+    without = _weights_after(tmp_path / "b", [], make, data())
+    assert probe.ran
+    assert probe.results["forward_passes"] == 3
+    assert with_probe.keys() == without.keys()
+    for key in without:
+        assert torch.equal(with_probe[key], without[key]), key
+
+
+# ----------------------------------------------------------------------------- bundle
+def test_triage_bundle_runs_the_probe_with_its_causal_flag(tmp_path: Path) -> None:
+    triage = Triage(causal=True, strict=True, verbose=False, report_dir=tmp_path)
+    pl.seed_everything(0, verbose=False)
+    make_trainer(tmp_path, [triage], limit_train_batches=2).fit(DecoderLM(mask="future"), next_token_loader())
+    report = triage.report.report
+    assert report is not None
+    assert "structure.causal_leak" in codes(report)
+    check = next(c for c in report["checks"] if c["check"] == "StructureProbe")
+    assert check["status"] == "failed"
+    assert "ms" in check["detail"]
+    assert isinstance(triage.check("StructureProbe"), StructureProbe)
+
+
+def test_argument_validation() -> None:
+    with pytest.raises(ValueError, match="`max_examples`"):
+        StructureProbe(max_examples=1)
+    with pytest.raises(ValueError, match="`causal`"):
+        StructureProbe(causal="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`forward_fn`"):
+        StructureProbe(forward_fn=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`tolerance`"):
+        StructureProbe(tolerance=0.0)
