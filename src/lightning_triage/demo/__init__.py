@@ -17,6 +17,7 @@ from rich.console import Console
 
 from lightning_triage.callbacks.triage import Triage
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
+from lightning_triage.demo.sequences import TinyLM, random_token_loaders
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,20 @@ def _digits(**model_kwargs: Any) -> Callable[[], tuple[pl.LightningModule, Any, 
     return build
 
 
+def _future_mask_lm() -> tuple[pl.LightningModule, Any, Any]:
+    train, val = random_token_loaders()
+    return TinyLM(mask="future"), train, val
+
+
 SCENARIOS: list[Scenario] = [
     Scenario("healthy", "standardized digits, 64-32-10 MLP, SGD lr 0.1",
              "no problems", _digits(lr=0.1)),
     Scenario("scaled-logits", "the same MLP with its logits multiplied by 100",
              "init.loss_above_chance", _digits(lr=0.1, logit_scale=100.0)),
+    Scenario("future-mask-lm", "a 1-layer transformer LM on pure random tokens whose attention "
+             "mask shows the future (no `causal` argument: the next-token data says it must be "
+             "causal); its loss falls far below ln 16 = 2.77", "structure.causal_leak",
+             _future_mask_lm),
 ]
 
 
