@@ -303,3 +303,35 @@ def test_argument_validation() -> None:
         StructureProbe(forward_fn=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`tolerance`"):
         StructureProbe(tolerance=0.0)
+
+
+# ----------------------------------------------------------------------------- robustness
+class FixedBatch(MLP):
+    """Code that only works with the loader's batch size (the probe uses at most 16 examples)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x.view(32, 8)), y)
+
+
+def test_model_error_in_probe_is_info_and_run_goes_on(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(0)
+    train = loader(torch.randn(64, 8, generator=g), torch.randint(0, 4, (64,), generator=g), batch_size=32)
+    model = FixedBatch()
+    probe = fit(tmp_path, model, train, StructureProbe(strict=False))
+    skipped = the(probe, "structure.probe_skipped")
+    assert "RuntimeError" in skipped.message
+    assert "max_examples" in skipped.message
+    assert len(model.losses) == 2  # training went on
+    assert probe.check_status()["status"] == "passed"
+    probe = fit(tmp_path, FixedBatch(), train, StructureProbe(max_examples=32, strict=True))
+    assert_silent(probe)
+
+
+@pytest.mark.parametrize("mask", ["causal", "future"])
+def test_under_bf16_mixed_precision(tmp_path: Path, mask: str) -> None:
+    probe = fit(tmp_path, DecoderLM(mask=mask), next_token_loader(), precision="bf16-mixed")
+    if mask == "causal":
+        assert_silent(probe)
+    else:
+        assert the(probe, "structure.causal_leak").evidence["position"] == 0

@@ -114,6 +114,8 @@ class _Recorder:
                 self.embedding = name
             if loss_like or (takes_targets and not has_params):
                 return
+            if self.keep_graph and not out.requires_grad:
+                return  # e.g. a teacher/EMA model run under `no_grad`: not what is trained
             if out.dim() >= 1 and out.numel() > 1 and out.shape[0] == self.n:
                 self.head_name = name
                 self.head = out if self.keep_graph else out.detach().clone()
@@ -150,6 +152,10 @@ def _replace_output(module: nn.Module, inputs: Tensor, holder: dict[str, Tensor]
         yield
     finally:
         handle.remove()
+
+
+class _UserCodeError(Exception):
+    """The user's code raised inside the probe (the cause is the original exception)."""
 
 
 class StructureProbe(TriageCallback):
@@ -251,6 +257,13 @@ class StructureProbe(TriageCallback):
         start = time.perf_counter()
         try:
             self._probe(trainer, pl_module, batch)
+        except _UserCodeError as err:
+            exc = err.__cause__
+            self.results.pop("head", None)
+            self._skipped(trainer, f"the model raised {type(exc).__name__}: {exc} when run on a "
+                          f"copy of the first batch (at most {self.max_examples} examples, eval "
+                          "mode)", "Pass `max_examples=` >= your batch size if the model needs a "
+                          "fixed batch size, or `forward_fn=`.")
         finally:
             self.probe_seconds = time.perf_counter() - start
             self.results.setdefault("seconds", round(self.probe_seconds, 4))
@@ -276,16 +289,25 @@ class StructureProbe(TriageCallback):
         return apply_to_collection(copied, list, cut_list, wrong_dtype=None) if keep else copied
 
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
-        if self.forward_fn is not None:
-            return self.forward_fn(pl_module, batch)
-        return pl_module.training_step(batch, 0)
+        """The user's code on a batch, in the run's precision context (as the real step)."""
+        try:
+            with trainer.precision_plugin.train_step_context():
+                if self.forward_fn is not None:
+                    return self.forward_fn(pl_module, batch)
+                return pl_module.training_step(batch, 0)
+        except Exception as exc:
+            if self.strict:
+                raise
+            raise _UserCodeError(exc) from exc
 
-    def _skipped(self, trainer: pl.Trainer, why: str, what: str) -> None:
-        self.results["skipped"] = why
+    def _skipped(self, trainer: pl.Trainer, why: str, what: str, part: str = "") -> None:
+        """Report (info) that the whole probe, or one ``part`` of it, could not run."""
         self.add_finding(trainer, "structure.probe_skipped",
-                         f"The structure probe did not run: {why}. {what}",
-                         evidence={"reason": why}, global_step=0)
-        self.mark_ran(f"skipped: {why}")
+                         f"The {part or 'structure probe'} did not run: {why}. {what}",
+                         evidence={"reason": why, "part": part or "all"}, global_step=0)
+        if not part:
+            self.results["skipped"] = why
+            self.mark_ran(f"skipped: {why}")
 
     def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         if not pl_module.automatic_optimization and self.forward_fn is None:
@@ -446,8 +468,8 @@ class StructureProbe(TriageCallback):
             return "`causal=True`"
         if self.causal is None and is_next_token(x, y, self.ignore_index):
             assert y is not None
-            return (f"next-token data: targets[:, :-1] == inputs[:, 1:] on the first batch "
-                    f"({y.shape[0]}x{y.shape[1]} tokens), so the model must be causal")
+            return (f"next-token data: targets[:, :-1] == inputs[:, 1:] on the probed batch "
+                    f"({y.shape[0]} sequences of {y.shape[1]} tokens), so the model must be causal")
         return None
 
     def _check_gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
@@ -470,7 +492,8 @@ class StructureProbe(TriageCallback):
             if reason is not None:
                 self.results["causal"] = f"skipped: {why}"
                 self._skipped(trainer, why, "Pass `forward_fn=` calling the model on the batch's "
-                              "inputs, or embed the tokens with an `nn.Embedding` module.")
+                              "inputs, or embed the tokens with an `nn.Embedding` module.",
+                              part=f"causal probe ({reason})")
             return 0
         x_g = split_batch(copy_g, self.input_key, self.target_key).inputs
         y_g = split_batch(copy_g, self.input_key, self.target_key).targets
@@ -533,8 +556,8 @@ class StructureProbe(TriageCallback):
             why = (f"the head output {tuple(head.shape)} and the probed input {tuple(leaf.shape)} do "
                    "not share a sequence length on dim 1")
             self.results["causal"] = f"skipped: {why}"
-            self._skipped(trainer, f"causal probe ({reason}): {why}",
-                          "Pass `forward_fn=` returning per-position outputs `(N, T, ...)`.")
+            self._skipped(trainer, why, "Pass `forward_fn=` returning per-position outputs "
+                          "`(N, T, ...)`.", part=f"causal probe ({reason})")
             return 1
         self.results["causal"] = f"ok ({reason})"
         for i, pos in enumerate(positions):
