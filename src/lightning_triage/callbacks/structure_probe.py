@@ -28,6 +28,7 @@ from lightning_triage.functional.structure import (
     first_float_tensor,
     is_next_token,
     output_change,
+    pairwise_output,
     parse_size_warning,
     position_dependence,
     probe_positions,
@@ -352,7 +353,11 @@ class StructureProbe(TriageCallback):
                     return
                 self.results["head"] = {"module": head_name, "shape": list(head_a.shape)}
                 # pass 2: targets redrawn
-                if y is not None:
+                if y is not None and watch is not None and watch.target_uses == 0:
+                    self.results["target_leak"] = (
+                        f"skipped: the batch tensor taken as targets {tuple(y.shape)} never "
+                        "reached a loss (it is another input); pass `target_key=`")
+                elif y is not None:
                     forwards += self._check_target_leak(trainer, pl_module, copy_a, y, head_name,
                                                         head_a, rng)
                 else:
@@ -533,6 +538,11 @@ class StructureProbe(TriageCallback):
                                      retain_graph=bool(positions) or i < len(outputs) - 1)
             if not mix.mixing:
                 continue
+            if pairwise_output(out, leaf, column=mix.worst_example or 1, tolerance=self.tolerance,
+                               retain_graph=True):
+                self.results["batch_mixing"] = (f"ok: {label} is an example-by-example score "
+                                                "matrix (in-batch pairs by design)")
+                break
             self.results["batch_mixing"] = "mixing"
             self.add_finding(
                 trainer, "structure.batch_mixing",

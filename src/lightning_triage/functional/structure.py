@@ -167,6 +167,31 @@ def example_dependence(output: Tensor, leaf: Tensor, *, example: int = 0,
     return BatchDependence(example, own, other, ratio, worst, ratio > tolerance, conclusive)
 
 
+def pairwise_output(output: Tensor, leaf: Tensor, *, example: int = 0, column: int = 1,
+                    tolerance: float = DEFAULT_TOLERANCE, retain_graph: bool = False) -> bool:
+    """Whether an ``(N, N, ...)`` output is a pairwise score between examples by design (a
+    similarity matrix with in-batch negatives): ``output[example, column]`` depends on the
+    inputs of ``example`` and ``column`` only, not on the other examples.
+
+    Example:
+        >>> x = torch.randn(5, 3, requires_grad=True)
+        >>> pairwise_output(x @ x.T, x), pairwise_output(torch.log_softmax(x @ x.T, dim=0), x)
+        (True, False)
+    """
+    n = leaf.shape[0]
+    if n < 3 or output.dim() < 2 or output.shape[0] != n or output.shape[1] != n:
+        return False
+    (grad,) = torch.autograd.grad(output[example, column].sum(), leaf, retain_graph=retain_graph,
+                                  allow_unused=True)
+    if grad is None:
+        return False
+    per_example = grad.detach().double().reshape(n, -1).norm(dim=1)
+    pair = float(per_example[[example, column]].norm())
+    rest = per_example.clone()
+    rest[[example, column]] = 0.0
+    return pair > 0 and float(rest.norm()) <= tolerance * pair
+
+
 def batch_mixing(forward: Callable[[Tensor], Tensor], inputs: Tensor, *, example: int = 0,
                  tolerance: float = DEFAULT_TOLERANCE) -> BatchDependence:
     """Whether ``forward``'s output for ``example`` depends on other examples' ``inputs``.
@@ -454,8 +479,10 @@ class LossWatch(TorchFunctionMode):
 
     It records elementwise operations (``-``, ``F.mse_loss``...) between the targets (or tensors
     computed only from them, such as ``y.float()``) and another tensor whose shapes broadcast to
-    something larger than both (``events``), and the predictions given to loss functions with
-    the targets (``loss_inputs``: ``(function name, tensor)``, graph kept).
+    something larger than both (``events``), the predictions given to loss functions with
+    the targets (``loss_inputs``: ``(function name, tensor)``, graph kept), and how often the
+    targets were used as targets (``target_uses``: given to a loss function, or combined
+    elementwise with a tensor that requires grad, such as ``pred - y``).
 
     Example:
         >>> y = torch.randn(8)
@@ -472,6 +499,7 @@ class LossWatch(TorchFunctionMode):
         self.events: list[BroadcastEvent] = []
         self._derived: dict[int, Tensor] = {}
         self.loss_inputs: list[tuple[str, Tensor]] = []
+        self.target_uses = 0
 
     def _is_derived(self, t: Tensor) -> bool:
         return id(t) in self._derived or same_storage(t, self.targets)
@@ -489,6 +517,12 @@ class LossWatch(TorchFunctionMode):
                 if isinstance(out, Tensor) and len(self._derived) < 10_000:
                     self._derived[id(out)] = out  # keep a reference: ids stay unique
             return result
+        to_loss = func in _LOSSES and any(derived)
+        against_prediction = (func in _ELEMENTWISE and len(tensors) >= 2
+                              and derived[0] != derived[1]
+                              and (tensors[1] if derived[0] else tensors[0]).requires_grad)
+        if to_loss or against_prediction:
+            self.target_uses += 1
         if func in _LOSSES and len(tensors) >= 2 and any(derived[1:]) and not derived[0] \
                 and len(self.loss_inputs) < self.max_events:
             self.loss_inputs.append((getattr(func, "__name__", str(func)), tensors[0]))
@@ -518,6 +552,7 @@ __all__ = [
     "first_float_tensor",
     "is_next_token",
     "output_change",
+    "pairwise_output",
     "parse_size_warning",
     "position_dependence",
     "probe_positions",
