@@ -123,9 +123,12 @@ def test_future_mask_with_causal_true_is_causal_leak(tmp_path: Path) -> None:
 
 
 def test_correct_causal_lm_without_argument_is_probed_and_silent(tmp_path: Path) -> None:
-    probe = fit(tmp_path, DecoderLM(mask="causal"), next_token_loader())
+    """The honest control of the leak tests: same data, same budget, loss stays at ln V."""
+    model = DecoderLM(mask="causal", lr=1e-2)
+    probe = fit(tmp_path, model, next_token_loader(n=2048, batch_size=32), limit_train_batches=64)
     assert_silent(probe)
     assert probe.results["causal"].startswith("ok (next-token data")
+    assert sum(model.losses[-16:]) / 16 > 0.95 * math.log(V)
 
 
 def test_encoder_attending_to_future_caught_from_next_token_data(tmp_path: Path) -> None:
@@ -335,3 +338,43 @@ def test_under_bf16_mixed_precision(tmp_path: Path, mask: str) -> None:
         assert_silent(probe)
     else:
         assert the(probe, "structure.causal_leak").evidence["position"] == 0
+
+
+# ----------------------------------------------------------------------------- multi-input designs
+class SimCLR(MLP):
+    """In-batch negatives: each view is scored against every other one by design."""
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        z = F.normalize(self.net(x), dim=1)
+        return z @ z.T / 0.5 - 1e4 * torch.eye(x.shape[0])
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        (x,) = batch
+        n = x.shape[0] // 2
+        partner = torch.cat([torch.arange(n, 2 * n), torch.arange(n)])
+        return F.cross_entropy(self(x), partner)
+
+
+def test_pairwise_scores_with_in_batch_negatives_are_not_batch_mixing(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(0)
+    probe = fit(tmp_path, SimCLR(), loader(torch.randn(64, 8, generator=g), batch_size=16))
+    assert_silent(probe)
+    assert probe.results["batch_mixing"].startswith("ok: the output of `SimCLR` is an example-by-example")
+
+
+class Siamese(MLP):
+    """Batches `(x1, x2, same)`: the second tensor is an input, not the targets."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x1, x2, same = batch
+        distance = (self.net(x1) - self.net(x2)).pow(2).sum(1)
+        return F.binary_cross_entropy_with_logits(1.0 - distance, same)
+
+
+def test_second_input_tensor_is_not_mistaken_for_targets(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(0)
+    train = loader(torch.randn(64, 8, generator=g), torch.randn(64, 8, generator=g),
+                   torch.randint(0, 2, (64,), generator=g).float(), batch_size=16)
+    probe = fit(tmp_path, Siamese(), train)
+    assert_silent(probe)
+    assert probe.results["target_leak"].startswith("skipped: the batch tensor taken as targets")

@@ -20,6 +20,7 @@ from lightning_triage.functional.structure import (
     example_dependence,
     is_next_token,
     output_change,
+    pairwise_output,
     parse_size_warning,
     redraw_targets,
     replace_tensor,
@@ -175,3 +176,22 @@ def test_replace_tensor_in_any_structure() -> None:
     assert nested[1][0] is new
     assert nested[1][1]["k"] is new
     assert math.isclose(float(replace_tensor(y, y, new).sum()), 6.0)
+
+
+def test_pairwise_output_and_target_uses() -> None:
+    x = torch.randn(6, 4, requires_grad=True)
+    sim = x @ x.T
+    assert pairwise_output(sim, x, retain_graph=True)
+    assert not pairwise_output(torch.log_softmax(sim, dim=0), x)
+    assert not pairwise_output(torch.randn(6, 5, requires_grad=True), x)  # not (N, N)
+
+    y = torch.randint(0, 3, (6,))
+    other = torch.randn(6, 4)
+    with LossWatch(y) as watch:
+        _ = (other - other.mean(0)) * 2  # no targets involved
+        _ = other[:, 0] - y  # targets against a tensor without grad: not a loss
+    assert watch.target_uses == 0
+    with LossWatch(y) as watch:
+        F.cross_entropy(torch.randn(6, 3, requires_grad=True), y.view(-1))
+        _ = x[:, 0] - y.float()
+    assert watch.target_uses == 2

@@ -533,9 +533,9 @@ class StructureProbe(TriageCallback):
             self.results["batch_mixing"] = "skipped: a single example"
         else:
             self.results["batch_mixing"] = "ok"
-        for i, (label, name, out) in enumerate(outputs if leaf.shape[0] >= 2 else []):
+        for label, name, out in outputs if leaf.shape[0] >= 2 else []:
             mix = example_dependence(out, leaf, example=0, tolerance=self.tolerance,
-                                     retain_graph=bool(positions) or i < len(outputs) - 1)
+                                     retain_graph=True)  # freed with the probe's references
             if not mix.mixing:
                 continue
             if pairwise_output(out, leaf, column=mix.worst_example or 1, tolerance=self.tolerance,
