@@ -378,3 +378,14 @@ def test_second_input_tensor_is_not_mistaken_for_targets(tmp_path: Path) -> None
     probe = fit(tmp_path, Siamese(), train)
     assert_silent(probe)
     assert probe.results["target_leak"].startswith("skipped: the batch tensor taken as targets")
+
+
+def test_time_budget_skips_the_costly_runs(tmp_path: Path) -> None:
+    probe = fit(tmp_path, MLP(label_feature=True), classification(),
+                StructureProbe(time_budget=1e-9, strict=True))
+    skipped = the(probe, "structure.probe_skipped")
+    assert "time_budget" in skipped.message
+    assert probe.results["forward_passes"] == 1
+    assert "target_leak" not in probe.results
+    with pytest.raises(ValueError, match="`time_budget`"):
+        StructureProbe(time_budget=0)

@@ -193,6 +193,8 @@ class StructureProbe(TriageCallback):
         target_key: the batch entry holding the targets.
         max_examples: the probe uses at most this many examples of the batch.
         tolerance: relative gradient or output change above which a dependence counts.
+        time_budget: seconds the probe may take; when the first run of the model already
+            takes more than a third of it, the other two runs are skipped (info finding).
         ignore_index: target value ignored when recognizing next-token data.
         strict: raise internal errors (and errors of the user's code in the probe) instead of
             reporting them.
@@ -220,6 +222,7 @@ class StructureProbe(TriageCallback):
         target_key: str | None = None,
         max_examples: int = 16,
         tolerance: float = DEFAULT_TOLERANCE,
+        time_budget: float = 10.0,
         ignore_index: int = IGNORE_INDEX,
         *,
         strict: bool = False,
@@ -236,12 +239,16 @@ class StructureProbe(TriageCallback):
             raise ValueError(f"`max_examples` must be an integer >= 2, got {max_examples!r}.")
         if not 0 < tolerance < 1:
             raise ValueError(f"`tolerance` must be in (0, 1), got {tolerance!r}.")
+        if isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)) \
+                or not time_budget > 0:
+            raise ValueError(f"`time_budget` must be a positive number of seconds, got {time_budget!r}.")
         self.causal = causal
         self.forward_fn = forward_fn
         self.input_key = input_key
         self.target_key = target_key
         self.max_examples = max_examples
         self.tolerance = tolerance
+        self.time_budget = time_budget
         self.ignore_index = ignore_index
         self.shape_trace: list[dict[str, Any]] = []
         self.trace_truncated = 0
@@ -327,6 +334,7 @@ class StructureProbe(TriageCallback):
             y = None
         n = x.shape[0]
         forwards = 0
+        start = time.perf_counter()
         with isolated(pl_module, trainer.optimizers):
             pl_module.eval()
             with torch.enable_grad():
@@ -342,6 +350,7 @@ class StructureProbe(TriageCallback):
                     else:
                         out_a = self._run(trainer, pl_module, copy_a)
                 forwards += 1
+                first_run = time.perf_counter() - start
                 head_name, head_a = self._head(rec_a, out_a, n)
                 self.shape_trace = rec_a.trace
                 self.trace_truncated = max(0, rec_a.calls - len(rec_a.trace))
@@ -352,6 +361,16 @@ class StructureProbe(TriageCallback):
                                   "Pass `forward_fn=` returning the model's predictions.")
                     return
                 self.results["head"] = {"module": head_name, "shape": list(head_a.shape)}
+                if 3 * first_run > self.time_budget:
+                    self._skipped(trainer, f"one run of the model on {n} examples took "
+                                  f"{first_run:.2f} s, so three would exceed `time_budget` = "
+                                  f"{self.time_budget:g} s", "Raise `time_budget=` or lower "
+                                  "`max_examples=`.", part="target-leak, batch-mixing and causal "
+                                  "probes")
+                    self.results["forward_passes"] = forwards
+                    self.mark_ran(f"1 forward pass on {n} examples; shape "
+                                  f"{self.results.get('shape')}; other probes over the time budget")
+                    return
                 # pass 2: targets redrawn
                 if y is not None and watch is not None and watch.target_uses == 0:
                     self.results["target_leak"] = (
