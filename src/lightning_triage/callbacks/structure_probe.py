@@ -448,8 +448,12 @@ class StructureProbe(TriageCallback):
             self.results["target_leak"] = "skipped: every target of the batch is equal"
             return 0
         copy_b = replace_tensor(copy_a, y, new_y)
-        x_b = split_batch(copy_b, self.input_key, self.target_key).inputs
-        assert x_b is not None
+        parts_b = split_batch(copy_b, self.input_key, self.target_key)
+        x_b = parts_b.inputs
+        if parts_b.targets is not new_y or x_b is None:
+            self.results["target_leak"] = ("skipped: the targets could not be replaced in this "
+                                           f"batch type ({type(copy_a).__name__})")
+            return 0
         rec_b = _Recorder(head_a.shape[0], x_b, new_y, trace=False, keep_graph=False)
         torch.set_rng_state(rng)  # same randomness as pass 1: only the targets differ
         with rec_b.attached(pl_module), warnings.catch_warnings():
@@ -519,9 +523,11 @@ class StructureProbe(TriageCallback):
                               "inputs, or embed the tokens with an `nn.Embedding` module.",
                               part=f"causal probe ({reason})")
             return 0
-        x_g = split_batch(copy_g, self.input_key, self.target_key).inputs
-        y_g = split_batch(copy_g, self.input_key, self.target_key).targets
-        assert x_g is not None
+        x_g, y_g = split_batch(copy_g, self.input_key, self.target_key)
+        if x_g is None or (leaf is not None and x_g is not leaf):
+            self.results["batch_mixing"] = ("skipped: the inputs could not be replaced in this "
+                                            f"batch type ({type(copy_a).__name__})")
+            return 0
         rec_g = _Recorder(x.shape[0], x_g, y_g, trace=False, keep_graph=True)
         watch = LossWatch(y_g) if y_g is not None else None
         with warnings.catch_warnings(), ExitStack() as stack:
