@@ -389,3 +389,20 @@ def test_time_budget_skips_the_costly_runs(tmp_path: Path) -> None:
     assert "target_leak" not in probe.results
     with pytest.raises(ValueError, match="`time_budget`"):
         StructureProbe(time_budget=0)
+
+
+class Mixup(MLP):
+    """Mixes examples on purpose in `training_step`, before the model."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        perm = torch.randperm(x.shape[0])
+        logp = torch.log_softmax(self(0.7 * x + 0.3 * x[perm]), dim=1)
+        return 0.7 * F.nll_loss(logp, y) + 0.3 * F.nll_loss(logp, y[perm])
+
+
+def test_mixup_before_the_model_is_not_batch_mixing(tmp_path: Path) -> None:
+    probe = fit(tmp_path, Mixup(), classification())
+    assert_silent(probe)
+    assert probe.results["probe_input"].startswith("the input of `Mixup`")
+    assert probe.results["target_leak"] == "ok"

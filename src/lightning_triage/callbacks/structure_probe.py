@@ -93,6 +93,18 @@ class _Recorder:
         self.head_name: str | None = None
         self.head: Tensor | None = None
         self.embedding: str | None = None
+        self.first_float_input: str | None = None
+
+    def pre_hook(self, name: str) -> Any:
+        def fn(mod: nn.Module, args: Any, kwargs: Any) -> None:
+            if self.first_float_input is not None:
+                return
+            first = _first_tensor_arg(args, kwargs)
+            if (first is not None and first.is_floating_point() and first.dim() >= 1
+                    and first.shape[0] == self.n):
+                self.first_float_input = name
+
+        return fn
 
     def hook(self, name: str, module: nn.Module) -> Any:
         has_params = any(True for _ in module.parameters())
@@ -129,10 +141,44 @@ class _Recorder:
         try:
             for name, sub in module.named_modules():
                 handles.append(sub.register_forward_hook(self.hook(name, sub), with_kwargs=True))
+                handles.append(sub.register_forward_pre_hook(self.pre_hook(name), with_kwargs=True))
             yield self
         finally:
             for handle in handles:
                 handle.remove()
+
+
+def _first_tensor_arg(args: Any, kwargs: Mapping[str, Any]) -> Tensor | None:
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, Tensor):
+            return v
+    return None
+
+
+@contextmanager
+def _replace_input(module: nn.Module, holder: dict[str, Tensor]) -> Iterator[None]:
+    """Replace the first tensor argument of ``module``'s first call by a leaf tensor that
+    requires grad (kept in ``holder["leaf"]``): what the model receives, after any mixing the
+    training step does on purpose (mixup)."""
+
+    def hook(mod: nn.Module, args: Any, kwargs: Any) -> Any:
+        if "leaf" in holder:
+            return None
+        for i, v in enumerate(args):
+            if isinstance(v, Tensor):
+                holder["leaf"] = v.detach().clone().requires_grad_(True)
+                return (*args[:i], holder["leaf"], *args[i + 1:]), kwargs
+        for key, v in kwargs.items():
+            if isinstance(v, Tensor):
+                holder["leaf"] = v.detach().clone().requires_grad_(True)
+                return args, {**kwargs, key: holder["leaf"]}
+        return None
+
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextmanager
@@ -504,15 +550,24 @@ class StructureProbe(TriageCallback):
                          x: Tensor, y: Tensor | None, rec_a: _Recorder) -> int:
         reason = self._causal_reason(x, y)
         holder: dict[str, Tensor] = {}
-        if x.is_floating_point():
+        replace_in: nn.Module | None = None
+        replace: nn.Module | None = None
+        leaf: Tensor | None = None
+        copy_g = copy_a
+        if x.is_floating_point() and rec_a.first_float_input is not None:
+            name = rec_a.first_float_input
+            probe_input = (f"the input of `{self._label(pl_module, name)}` (the first module "
+                           "called on the batch)")
+            replace_in = pl_module.get_submodule(name)
+        elif x.is_floating_point():
             leaf = x.detach().clone().requires_grad_(True)
             copy_g = replace_tensor(copy_a, x, leaf)
             probe_input = "the batch's input tensor"
-            replace = None
         elif rec_a.embedding is not None:
-            copy_g, leaf = copy_a, None
-            probe_input = f"the output of `{rec_a.embedding or '<root>'}` (it embeds the integer inputs)"
-            replace = pl_module.get_submodule(rec_a.embedding)
+            name = rec_a.embedding
+            probe_input = (f"the output of `{self._label(pl_module, name)}` (it embeds the "
+                           "integer inputs)")
+            replace = pl_module.get_submodule(name)
         else:
             why = ("integer inputs and no module takes them directly to a floating output "
                    "(e.g. an embedding)")
@@ -534,11 +589,13 @@ class StructureProbe(TriageCallback):
             warnings.simplefilter("ignore")
             if replace is not None:
                 stack.enter_context(_replace_output(replace, x_g, holder))
+            if replace_in is not None:
+                stack.enter_context(_replace_input(replace_in, holder))
             stack.enter_context(rec_g.attached(pl_module))
             if watch is not None:
                 stack.enter_context(watch)
             out_g = self._run(trainer, pl_module, copy_g)
-        if replace is not None:
+        if replace is not None or replace_in is not None:
             leaf = holder.get("leaf")
         head_name, head = self._head(rec_g, out_g, x.shape[0])
         if leaf is None or head is None or not head.requires_grad:
@@ -558,7 +615,7 @@ class StructureProbe(TriageCallback):
             self.results["batch_mixing"] = "skipped: a single example"
         else:
             self.results["batch_mixing"] = "ok"
-        for label, name, out in outputs if leaf.shape[0] >= 2 else []:
+        for label, out_name, out in outputs if leaf.shape[0] >= 2 else []:
             mix = example_dependence(out, leaf, example=0, tolerance=self.tolerance,
                                      retain_graph=True)  # freed with the probe's references
             if not mix.mixing:
@@ -577,7 +634,7 @@ class StructureProbe(TriageCallback):
                 "mixes the batch dimension: a softmax/log_softmax or normalization over `dim=0`, a "
                 "`view`/`reshape` that merges the batch with another dimension, or batch and "
                 "sequence dimensions swapped.",
-                layer=self._layer(name),
+                layer=self._layer(out_name),
                 evidence={"output": label, "example": 0, "own_grad_norm": mix.own_grad_norm,
                           "other_grad_norm": mix.other_grad_norm, "ratio": mix.ratio,
                           "worst_example": mix.worst_example, "probe_input": probe_input,
