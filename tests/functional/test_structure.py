@@ -195,3 +195,10 @@ def test_pairwise_output_and_target_uses() -> None:
         F.cross_entropy(torch.randn(6, 3, requires_grad=True), y.view(-1))
         _ = x[:, 0] - y.float()
     assert watch.target_uses == 2
+
+
+def test_aligned_start_shapes() -> None:
+    assert aligned_start((4, 6, 3), (4, 6, 3)) == 0  # feature sequences
+    assert aligned_start((4, 6, 2), (4, 6, 3)) is None
+    assert aligned_start((4, 3, 8, 8), (4, 8, 8)) is None  # segmentation
+    assert aligned_start((4, 8, 16), (4, 1)) is None  # a single target position

@@ -314,7 +314,8 @@ class StructureProbe(TriageCallback):
         except _UserCodeError as err:
             exc = err.__cause__
             self.results.pop("head", None)
-            self._skipped(trainer, f"the model raised {type(exc).__name__}: {exc} when run on a "
+            text = str(exc) if len(str(exc)) <= 200 else str(exc)[:200] + "..."
+            self._skipped(trainer, f"the model raised {type(exc).__name__}: {text} when run on a "
                           f"copy of the first batch (at most {self.max_examples} examples, eval "
                           "mode)", "Pass `max_examples=` >= your batch size if the model needs a "
                           "fixed batch size, or `forward_fn=`.")

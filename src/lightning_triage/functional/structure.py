@@ -316,17 +316,28 @@ def is_next_token(inputs: Tensor | None, targets: Tensor | None, ignore_index: i
 # target leak
 # ---------------------------------------------------------------------------------------------
 def aligned_start(output_shape: Sequence[int], target_shape: Sequence[int]) -> int | None:
-    """For sequence targets ``(N, T, ...)`` and outputs ``(N, L, ...)`` with ``L <= T``, the
-    first target position the output predicts (``T - L``); ``None`` when not sequence-aligned.
+    """For sequence targets and outputs with ``L <= T`` positions on dim 1, the first target
+    position the output predicts (``T - L``); ``None`` when not sequence-aligned.
 
-    Output position 0 then predicts target ``T - L`` and may depend (teacher forcing) on the
-    targets before it, never on that one or later ones.
+    Sequences are token targets ``(N, T)`` with outputs ``(N, L)`` or ``(N, L, V)``, and
+    feature sequences ``(N, T, F)`` with outputs ``(N, L, F)``. Output position 0 then predicts
+    target ``T - L`` and may depend (teacher forcing) on the targets before it, never on that one
+    or later ones.
 
     Example:
         >>> aligned_start((4, 7, 16), (4, 8)), aligned_start((4, 10), (4,))
         (1, None)
+        >>> aligned_start((4, 3, 8, 8), (4, 8, 8))  # segmentation maps: not a sequence
     """
-    if len(target_shape) < 2 or len(output_shape) < 2 or target_shape[1] < 2:
+    if len(target_shape) == 2:
+        if len(output_shape) not in (2, 3):
+            return None
+    elif len(target_shape) == 3:
+        if len(output_shape) != 3 or output_shape[2] != target_shape[2]:
+            return None
+    else:
+        return None
+    if target_shape[1] < 2:
         return None
     if output_shape[0] != target_shape[0] or not 1 <= output_shape[1] <= target_shape[1]:
         return None
