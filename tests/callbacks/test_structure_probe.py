@@ -257,9 +257,17 @@ def _weights_after(tmp_path: Path, callbacks: list[Any], make: Any, train: DataL
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("which", ["mlp_dropout", "seq2seq"])
+@pytest.mark.parametrize("which", ["mlp_dropout", "cnn_bn", "seq2seq"])
 def test_zero_interference(tmp_path: Path, which: str) -> None:
-    if which == "mlp_dropout":
+    if which == "cnn_bn":
+        def make() -> pl.LightningModule:
+            return CNN()
+
+        def data() -> DataLoader:
+            g = torch.Generator().manual_seed(0)
+            return loader(torch.randn(64, 1, 8, 8, generator=g), torch.randint(0, 3, (64,), generator=g),
+                          batch_size=16, shuffle=True)
+    elif which == "mlp_dropout":
         def make() -> pl.LightningModule:
             return MLP(dropout=0.5)
 
@@ -406,3 +414,9 @@ def test_mixup_before_the_model_is_not_batch_mixing(tmp_path: Path) -> None:
     assert_silent(probe)
     assert probe.results["probe_input"].startswith("the input of `Mixup`")
     assert probe.results["target_leak"] == "ok"
+
+
+def test_gradient_accumulation_healthy_lm_is_silent(tmp_path: Path) -> None:
+    probe = fit(tmp_path, DecoderLM(), next_token_loader(), accumulate_grad_batches=2, limit_train_batches=4)
+    assert_silent(probe)
+    assert probe.results["causal"].startswith("ok")
