@@ -71,6 +71,8 @@ def test_log_softmax_over_batch_dim_is_batch_mixing(tmp_path: Path) -> None:
     finding = the(probe, "structure.batch_mixing")
     assert finding.severity == "error"
     assert "nll_loss" in finding.message
+    assert "`training_step` code after the model" in finding.message
+    assert finding.layer is None
     assert finding.evidence["other_grad_norm"] > 0.01 * finding.evidence["own_grad_norm"]
     assert probe.check_status()["status"] == "failed"
 
@@ -87,7 +89,8 @@ class SoftmaxInForward(MLP):
 def test_log_softmax_over_batch_dim_inside_forward(tmp_path: Path) -> None:
     probe = fit(tmp_path, SoftmaxInForward(), classification())
     finding = the(probe, "structure.batch_mixing")
-    assert "SoftmaxInForward" in finding.message
+    assert "`SoftmaxInForward.forward` itself" in finding.message
+    assert finding.evidence["first_module"] == ""
 
 
 @pytest.mark.parametrize("make", [MLP, CNN, lambda: MLP(dropout=0.3)], ids=["mlp", "cnn_bn", "mlp_dropout"])
@@ -120,6 +123,7 @@ def test_future_mask_with_causal_true_is_causal_leak(tmp_path: Path) -> None:
     assert finding.evidence["position"] == 0
     assert finding.evidence["future_positions"] == list(range(1, 8))
     assert "tok" in finding.evidence["probe_input"]
+    assert finding.layer == "blocks.layers.0.self_attn"  # the first module that sees the future
 
 
 def test_correct_causal_lm_without_argument_is_probed_and_silent(tmp_path: Path) -> None:
@@ -140,6 +144,7 @@ def test_encoder_attending_to_future_caught_from_next_token_data(tmp_path: Path)
     finding = the(probe, "structure.causal_leak")
     assert "next-token data" in finding.evidence["reason"]
     assert finding.evidence["future_positions"][0] == finding.evidence["position"] + 1
+    assert finding.layer == "transformer.encoder.layers.0.self_attn"
     assert "structure.target_leak" not in codes(probe.findings)  # decoder input is shifted
     assert sum(model.losses[-16:]) / 16 < 0.5 * math.log(V)
 

@@ -42,6 +42,8 @@ ForwardFn = Callable[[pl.LightningModule, Any], Any]
 
 #: Shape-trace entries kept for the report (the rest are counted).
 MAX_TRACE = 256
+#: Module outputs examined (one backward pass each, at most) to name the first culprit.
+MAX_LOCALIZE = 128
 
 
 def _is_metric(module: nn.Module) -> bool:
@@ -94,6 +96,8 @@ class _Recorder:
         self.head: Tensor | None = None
         self.embedding: str | None = None
         self.first_float_input: str | None = None
+        #: per-example outputs in completion order (graph kept), to localize a problem
+        self.outputs: list[tuple[str, Tensor]] = []
 
     def pre_hook(self, name: str) -> Any:
         def fn(mod: nn.Module, args: Any, kwargs: Any) -> None:
@@ -132,6 +136,8 @@ class _Recorder:
             if out.dim() >= 1 and out.numel() > 1 and out.shape[0] == self.n:
                 self.head_name = name
                 self.head = out if self.keep_graph else out.detach().clone()
+                if self.keep_graph and len(self.outputs) < MAX_LOCALIZE:
+                    self.outputs.append((name, out))
 
         return fn
 
@@ -550,6 +556,7 @@ class StructureProbe(TriageCallback):
     def _check_gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
                          x: Tensor, y: Tensor | None, rec_a: _Recorder) -> int:
         reason = self._causal_reason(x, y)
+        deadline = time.perf_counter() + self.time_budget / 3  # for localizing a problem
         holder: dict[str, Tensor] = {}
         replace_in: nn.Module | None = None
         replace: nn.Module | None = None
@@ -627,6 +634,14 @@ class StructureProbe(TriageCallback):
                                                 "matrix (in-batch pairs by design)")
                 break
             self.results["batch_mixing"] = "mixing"
+
+            def mixes(t: Tensor) -> bool:
+                dep = example_dependence(t, leaf, tolerance=self.tolerance, retain_graph=True)
+                return dep.mixing and not pairwise_output(t, leaf, column=dep.worst_example or 1,
+                                                          tolerance=self.tolerance, retain_graph=True)
+
+            first = self._localize(rec_g, leaf, mixes, deadline)
+            where = self._where(pl_module, first, "mixes examples", out_name is None)
             self.add_finding(
                 trainer, "structure.batch_mixing",
                 f"In eval mode {label} for example 0 depends on the inputs of other examples: "
@@ -634,9 +649,10 @@ class StructureProbe(TriageCallback):
                 f"{mix.worst_example}) vs {mix.own_grad_norm:.3g} for its own input. An operation "
                 "mixes the batch dimension: a softmax/log_softmax or normalization over `dim=0`, a "
                 "`view`/`reshape` that merges the batch with another dimension, or batch and "
-                "sequence dimensions swapped.",
-                layer=self._layer(out_name),
-                evidence={"output": label, "example": 0, "own_grad_norm": mix.own_grad_norm,
+                f"sequence dimensions swapped.{where}",
+                layer=self._layer(first) or self._layer(out_name),
+                evidence={"output": label, "first_module": first, "example": 0,
+                          "own_grad_norm": mix.own_grad_norm,
                           "other_grad_norm": mix.other_grad_norm, "ratio": mix.ratio,
                           "worst_example": mix.worst_example, "probe_input": probe_input,
                           "batch_size": int(leaf.shape[0])},
@@ -653,13 +669,23 @@ class StructureProbe(TriageCallback):
                           "`(N, T, ...)`.", part=f"causal probe ({reason})")
             return 1
         self.results["causal"] = f"ok ({reason})"
-        for i, pos in enumerate(positions):
+        for pos in positions:
             dep = position_dependence(head, leaf, pos, tolerance=self.tolerance,
-                                      retain_graph=i < len(positions) - 1)
+                                      retain_graph=True)  # freed with the probe's references
             if dep.leak:
                 self.results["causal"] = f"leak ({reason})"
                 shown = dep.future_positions[:8]
                 more = "..." if len(dep.future_positions) > 8 else ""
+                length = leaf.shape[1]
+
+                def leaks(t: Tensor, pos: int = pos, length: int = length) -> bool:
+                    if t.dim() < 2 or t.shape[1] != length:
+                        return False
+                    return position_dependence(t, leaf, pos, tolerance=self.tolerance,
+                                               retain_graph=True).leak
+
+                first = self._localize(rec_g, leaf, leaks, deadline)
+                where = self._where(pl_module, first, "sees the future", False)
                 self.add_finding(
                     trainer, "structure.causal_leak",
                     f"Output position {pos} of `{self._label(pl_module, head_name)}` depends on "
@@ -667,9 +693,10 @@ class StructureProbe(TriageCallback):
                     f"gradient norm comes from the future); checked because of {reason}. Check "
                     "the attention masks (upper triangle masked? the encoder's too? cross-attention "
                     "to an encoder that saw the whole sequence?) and every layer that mixes "
-                    "positions (convolutions need left padding).",
-                    layer=self._layer(head_name),
+                    f"positions (convolutions need left padding).{where}",
+                    layer=self._layer(first) or self._layer(head_name),
                     evidence={"position": pos, "future_positions": dep.future_positions,
+                              "first_module": first,
                               "future_grad_norm": dep.future_grad_norm,
                               "past_grad_norm": dep.past_grad_norm, "future_share": dep.ratio,
                               "reason": reason, "probe_input": probe_input,
@@ -679,6 +706,32 @@ class StructureProbe(TriageCallback):
                 )
                 break
         return 1
+
+    def _where(self, pl_module: pl.LightningModule, first: str | None, what: str,
+               after_model: bool) -> str:
+        """The sentence of a message that says where the problem first shows."""
+        if first:
+            return f" The first module whose output {what} is `{first}`."
+        if first == "":
+            return (f" No submodule's output {what}: it happens in "
+                    f"`{type(pl_module).__name__}.forward` itself, after its last submodule.")
+        if after_model:
+            return (f" No module's output {what}: it happens in `training_step` code after the "
+                    "model.")
+        return ""
+
+    def _localize(self, rec: _Recorder, leaf: Tensor, shows: Callable[[Tensor], bool],
+                  deadline: float) -> str | None:
+        """The first module (in completion order) whose output already shows the problem."""
+        for name, out in rec.outputs:
+            if out is leaf or time.perf_counter() > deadline:
+                continue
+            try:
+                if shows(out):
+                    return name
+            except RuntimeError:  # an output outside the leaf's graph or freed: skip it
+                continue
+        return None
 
     # ------------------------------------------------------------------ state
     @override
