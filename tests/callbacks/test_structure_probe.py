@@ -6,7 +6,7 @@ import json
 import math
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
 import pytest
@@ -425,3 +425,37 @@ def test_gradient_accumulation_healthy_lm_is_silent(tmp_path: Path) -> None:
     probe = fit(tmp_path, DecoderLM(), next_token_loader(), accumulate_grad_batches=2, limit_train_batches=4)
     assert_silent(probe)
     assert probe.results["causal"].startswith("ok")
+
+
+class Pair(NamedTuple):
+    features: Tensor
+    target: Tensor
+
+
+class PairDataset(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(64, 8, generator=g), torch.randn(64, generator=g)
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> Pair:
+        return Pair(self.x[i], self.y[i])
+
+
+class PairRegressor(MLP):
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return F.mse_loss(self(batch.features).squeeze(-1), batch.target)
+
+
+def test_namedtuple_batches_are_probed_and_silent(tmp_path: Path) -> None:
+    probe = fit(tmp_path, PairRegressor(regression=True), DataLoader(PairDataset(), batch_size=16))
+    assert_silent(probe)
+    assert probe.results["target_leak"] == "ok"
+    assert probe.results["batch_mixing"] == "ok"
+
+
+def test_triage_default_is_automatic_causality() -> None:
+    assert Triage().check("StructureProbe").causal is None  # type: ignore[attr-defined]
+    assert Triage(causal=True).check("StructureProbe").causal is True  # type: ignore[attr-defined]
