@@ -459,3 +459,29 @@ def test_namedtuple_batches_are_probed_and_silent(tmp_path: Path) -> None:
 def test_triage_default_is_automatic_causality() -> None:
     assert Triage().check("StructureProbe").causal is None  # type: ignore[attr-defined]
     assert Triage(causal=True).check("StructureProbe").causal is True  # type: ignore[attr-defined]
+
+
+class OneHotLM(DecoderLM):
+    """Tokens turned into floats by code (no embedding module): the probe differentiates w.r.t.
+    the input of the first module called on floats."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__(mask=mask)
+        self.proj = torch.nn.Linear(V, 32)
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = x.shape[1]
+        full = torch.full((t, t), float("-inf"))
+        mask = torch.triu(full, 1) if self.mask == "causal" else torch.tril(full, -1)
+        h = self.proj(F.one_hot(x, V).float()) + self.pos(torch.arange(t))
+        return self.head(self.blocks(h, mask=mask))
+
+
+@pytest.mark.parametrize("mask", ["causal", "future"])
+def test_one_hot_tokens_without_embedding_module(tmp_path: Path, mask: str) -> None:
+    probe = fit(tmp_path, OneHotLM(mask), next_token_loader())
+    assert probe.results["probe_input"].startswith("the input of `proj`")
+    if mask == "causal":
+        assert_silent(probe)
+    else:
+        assert the(probe, "structure.causal_leak").layer == "blocks.layers.0.self_attn"

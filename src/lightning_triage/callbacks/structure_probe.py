@@ -81,7 +81,8 @@ def _tensors(args: Any, kwargs: Mapping[str, Any]) -> list[Tensor]:
 class _Recorder:
     """Temporary forward hooks on every submodule for one run of the user's code: the shape
     trace, the model's head output (the last module call that returns a per-example floating
-    tensor and is not a loss or metric), and the first module that embeds integer inputs."""
+    tensor and is not a loss or metric), the first leaf module that embeds the integer inputs,
+    and the first module called on a per-example floating tensor."""
 
     def __init__(self, n: int, inputs: Tensor, targets: Tensor | None, *, trace: bool,
                  keep_graph: bool) -> None:
@@ -105,13 +106,14 @@ class _Recorder:
                 return
             first = _first_tensor_arg(args, kwargs)
             if (first is not None and first.is_floating_point() and first.dim() >= 1
-                    and first.shape[0] == self.n):
+                    and first.shape[0] == self.n and not same_storage(first, self.targets)):
                 self.first_float_input = name
 
         return fn
 
     def hook(self, name: str, module: nn.Module) -> Any:
         has_params = any(True for _ in module.parameters())
+        is_leaf = not any(True for _ in module.children())
         loss_like = isinstance(module, _Loss) or _is_metric(module)
 
         def fn(mod: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
@@ -126,7 +128,8 @@ class _Recorder:
             out = first_float_tensor(output)
             if out is None:
                 return
-            if (self.embedding is None and takes_inputs and not self.inputs.is_floating_point()
+            if (self.embedding is None and is_leaf and takes_inputs
+                    and not self.inputs.is_floating_point()
                     and out.shape[: self.inputs.dim()] == self.inputs.shape):
                 self.embedding = name
             if loss_like or (takes_targets and not has_params):
@@ -576,9 +579,14 @@ class StructureProbe(TriageCallback):
             probe_input = (f"the output of `{self._label(pl_module, name)}` (it embeds the "
                            "integer inputs)")
             replace = pl_module.get_submodule(name)
+        elif rec_a.first_float_input is not None:  # integer inputs made floats by code (one_hot)
+            name = rec_a.first_float_input
+            probe_input = (f"the input of `{self._label(pl_module, name)}` (the first module "
+                           "called on floats)")
+            replace_in = pl_module.get_submodule(name)
         else:
-            why = ("integer inputs and no module takes them directly to a floating output "
-                   "(e.g. an embedding)")
+            why = ("integer inputs and no module takes them to a floating output (e.g. an "
+                   "embedding) or is called on floats")
             self.results["batch_mixing"] = f"skipped: {why}"
             if reason is not None:
                 self.results["causal"] = f"skipped: {why}"
