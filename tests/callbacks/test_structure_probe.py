@@ -485,3 +485,45 @@ def test_one_hot_tokens_without_embedding_module(tmp_path: Path, mask: str) -> N
         assert_silent(probe)
     else:
         assert the(probe, "structure.causal_leak").layer == "blocks.layers.0.self_attn"
+
+
+# ----------------------------------------------------------------------------- DDP
+class Gathering(MLP):
+    """Holds a collective in `training_step`: every rank must run the same probe passes."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.all_gather(loss.detach())
+        return loss
+
+
+class RankTargets(torch.utils.data.Dataset):
+    """Random targets on rank 0, all equal (nothing to redraw) on rank 1."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(64, 8, generator=g), torch.randint(0, 4, (64,), generator=g)
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        return self.x[i], self.y[i] if rank == 0 else torch.tensor(2)
+
+
+@pytest.mark.timeout(180)
+def test_ddp_ranks_take_the_same_passes(tmp_path: Path) -> None:
+    """Rank 1 sees all-equal targets (nothing to redraw), rank 0 does not: the target-leak pass
+    is skipped on both, the gradient pass runs on both, and nothing hangs."""
+    train = DataLoader(RankTargets(), batch_size=16)
+    triage = Triage(report_dir=tmp_path, strict=True, verbose=False)
+    make_trainer(tmp_path, [triage], strategy="ddp_spawn", devices=2, limit_train_batches=2,
+                 use_distributed_sampler=True).fit(Gathering(), train)
+    report = json.loads((tmp_path / "triage_report.json").read_text())
+    check = next(c for c in report["checks"] if c["check"] == "StructureProbe")
+    assert check["status"] == "passed", check
+    assert "target_leak skipped: another rank could not run it" in check["detail"]
+    assert "batch_mixing ok" in check["detail"]
+    assert not [f for f in report["findings"] if f["code"].startswith("structure.")]

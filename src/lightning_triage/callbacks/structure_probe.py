@@ -309,6 +309,7 @@ class StructureProbe(TriageCallback):
         self.trace_truncated = 0
         self.results: dict[str, Any] = {}
         self.probe_seconds: float | None = None
+        self._slot = 0
 
     # ------------------------------------------------------------------ hooks
     @override
@@ -318,6 +319,7 @@ class StructureProbe(TriageCallback):
         if self.ran or self.results or trainer.global_step != 0 or batch_idx != 0:
             return
         start = time.perf_counter()
+        self._slot = 0
         try:
             self._probe(trainer, pl_module, batch)
         except _UserCodeError as err:
@@ -329,6 +331,7 @@ class StructureProbe(TriageCallback):
                           "mode)", "Pass `max_examples=` >= your batch size if the model needs a "
                           "fixed batch size, or `forward_fn=`.")
         finally:
+            self._gate(trainer, 2, False)  # every rank takes part in every decision
             self.probe_seconds = time.perf_counter() - start
             self.results.setdefault("seconds", round(self.probe_seconds, 4))
         if self.ran:
@@ -363,6 +366,22 @@ class StructureProbe(TriageCallback):
             if self.strict:
                 raise
             raise _UserCodeError(exc) from exc
+
+    def _gate(self, trainer: pl.Trainer, slot: int, ready: bool) -> bool:
+        """Whether every rank is ready to run the user's code for pass ``slot`` (1: targets
+        redrawn, 2: gradients); slots this rank skipped are answered "not ready" first.
+
+        Under DDP the user's code may hold collectives (`all_gather`), so a pass runs on all
+        ranks or on none: one `reduce_boolean_decision` per slot, on every rank, in order.
+        """
+        go = False
+        while self._slot < slot:
+            self._slot += 1
+            flag = ready if self._slot == slot else False
+            if trainer.world_size > 1:
+                flag = bool(trainer.strategy.reduce_boolean_decision(flag, all=True))
+            go = flag
+        return go and ready
 
     def _skipped(self, trainer: pl.Trainer, why: str, what: str, part: str = "") -> None:
         """Report (info) that the whole probe, or one ``part`` of it, could not run."""
@@ -510,6 +529,9 @@ class StructureProbe(TriageCallback):
             self.results["target_leak"] = ("skipped: the targets could not be replaced in this "
                                            f"batch type ({type(copy_a).__name__})")
             return 0
+        if not self._gate(trainer, 1, True):
+            self.results["target_leak"] = "skipped: another rank could not run it"
+            return 0
         rec_b = _Recorder(head_a.shape[0], x_b, new_y, trace=False, keep_graph=False)
         torch.set_rng_state(rng)  # same randomness as pass 1: only the targets differ
         with rec_b.attached(pl_module), warnings.catch_warnings():
@@ -598,6 +620,9 @@ class StructureProbe(TriageCallback):
         if x_g is None or (leaf is not None and x_g is not leaf):
             self.results["batch_mixing"] = ("skipped: the inputs could not be replaced in this "
                                             f"batch type ({type(copy_a).__name__})")
+            return 0
+        if not self._gate(trainer, 2, True):
+            self.results["batch_mixing"] = "skipped: another rank could not run it"
             return 0
         rec_g = _Recorder(x.shape[0], x_g, y_g, trace=False, keep_graph=True)
         watch = LossWatch(y_g) if y_g is not None else None
