@@ -229,14 +229,18 @@ class StructureProbe(TriageCallback):
        changes, the targets reach the forward pass (``structure.target_leak``). For sequence
        targets only the first output position is compared (teacher forcing feeds it the start
        token, never a target it predicts);
-    3. with the inputs (or, for integer inputs, the output of the module that embeds them) made
-       a leaf: the gradient of example 0's output w.r.t. the other examples' inputs
-       (``structure.batch_mixing``) and, when ``causal=True`` or the data is next-token
-       (``targets[:, :-1] == inputs[:, 1:]``), of output positions w.r.t. later input
-       positions (``structure.causal_leak``).
+    3. with what the model receives made an autograd leaf (the input of the first module called
+       on the batch, or for integer inputs the output of the module that embeds them): the
+       gradient of example 0's output w.r.t. the other examples (``structure.batch_mixing``)
+       and, when ``causal=True`` or the data is next-token (``targets[:, :-1] ==
+       inputs[:, 1:]``), of output positions w.r.t. later positions
+       (``structure.causal_leak``). A problem is localized to the first module whose output
+       shows it (the finding's ``layer``).
 
     When the model cannot be run this way (manual optimization, no input tensor found, no head
     output found) the probe reports ``structure.probe_skipped`` (info) saying what to pass.
+    Under DDP the second and third runs happen on every rank or on none (one
+    ``reduce_boolean_decision`` each). The cost is in ``checks[].detail``.
 
     Args:
         causal: ``True``: the model must be causal, always probe it; ``None`` (default): probe
