@@ -12,11 +12,16 @@ from lightning_triage.callbacks import (
     GradientWiringCheck,
     InitialLossCheck,
     OverfitBatchCheck,
+    StructureProbe,
     Triage,
     TriageCallback,
     TriageReport,
 )
-from lightning_triage.findings import CODES, STAGES, Finding
+from lightning_triage.findings import (
+    CODES,
+    STAGES,
+    Finding,
+)
 
 __version__ = "0.1.0.dev0"
 
@@ -29,6 +34,7 @@ __all__ = [
     "GradientWiringCheck",
     "InitialLossCheck",
     "OverfitBatchCheck",
+    "StructureProbe",
     "Triage",
     "TriageCallback",
     "TriageReport",

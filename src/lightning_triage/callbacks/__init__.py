@@ -1,13 +1,33 @@
-"""Lightning callbacks: one per protocol concern, the report, and the ``Triage`` bundle."""
+"""Lightning callbacks: one per protocol concern, the report, and the ``Triage`` bundle.
+"""
 
-from lightning_triage.callbacks.base import TriageCallback
-from lightning_triage.callbacks.batch_inspector import BatchInspector
-from lightning_triage.callbacks.eval_mode import EvalModeCheck
-from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
-from lightning_triage.callbacks.initial_loss import InitialLossCheck
-from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
-from lightning_triage.callbacks.report import TriageReport
-from lightning_triage.callbacks.triage import Triage
+from lightning_triage.callbacks.base import (
+    TriageCallback,
+)
+from lightning_triage.callbacks.batch_inspector import (
+    BatchInspector,
+)
+from lightning_triage.callbacks.eval_mode import (
+    EvalModeCheck,
+)
+from lightning_triage.callbacks.gradient_wiring import (
+    GradientWiringCheck,
+)
+from lightning_triage.callbacks.initial_loss import (
+    InitialLossCheck,
+)
+from lightning_triage.callbacks.overfit_batch import (
+    OverfitBatchCheck,
+)
+from lightning_triage.callbacks.report import (
+    TriageReport,
+)
+from lightning_triage.callbacks.structure_probe import (
+    StructureProbe,
+)
+from lightning_triage.callbacks.triage import (
+    Triage,
+)
 
 __all__ = [
     "BatchInspector",
@@ -15,6 +35,7 @@ __all__ = [
     "GradientWiringCheck",
     "InitialLossCheck",
     "OverfitBatchCheck",
+    "StructureProbe",
     "Triage",
     "TriageCallback",
     "TriageReport",

@@ -315,19 +315,23 @@ class OverfitBatchCheck(TriageCallback):
                 stack.enter_context(trainer.precision_plugin.train_step_context())
                 output = pl_module.training_step(*args)
             loss = step_loss(output)
+            stop = ""
             if loss is None:
-                run.stopped = "no_loss"
-                return
-            if not loss.requires_grad:
+                stop = "no_loss"
+            elif not loss.requires_grad:
                 run.detached = True
                 run.losses.append(float(loss.detach().float()))
+                stop = "detached"
+            else:
+                value = float(loss.detach().float())
+                run.losses.append(value)
+                if step == 0:
+                    self._reference(run, value, batch, captured.output if captured else None)
+                if not math.isfinite(value) or value <= run.target:
+                    stop = "done"
+            if self._stop_everywhere(trainer, run, stop):
                 return
-            value = float(loss.detach().float())
-            run.losses.append(value)
-            if step == 0:
-                self._reference(run, value, batch, captured.output if captured else None)
-            if not math.isfinite(value) or value <= run.target:
-                return
+            assert loss is not None
             loss.backward()
             if step == 0:
                 missing = [n for n, p in params if p.requires_grad and p.grad is None]
@@ -340,19 +344,31 @@ class OverfitBatchCheck(TriageCallback):
                 run.step_seconds = min(step_times)
                 if (step == 0 and run.step_seconds > self.time_budget) or (
                         step == 1 and run.step_seconds * self.min_steps > self.time_budget):
-                    run.stopped = "budget"
-                    return
+                    stop = "budget"
             elif time.perf_counter() - started + run.step_seconds > self.time_budget:
-                run.stopped = "time"
-                return
-            if (step + 1) % PLATEAU_EVERY == 0:
+                stop = "time"
+            if not stop and (step + 1) % PLATEAU_EVERY == 0:
                 if run.floor is not None and run.floor > run.target:
-                    run.stopped = "floor"  # decided: this loss cannot reach the target
-                    return
-                if plateaued(run.losses, run.target):
-                    run.stopped = "plateau"
-                    return
+                    stop = "floor"  # decided: this loss cannot reach the target
+                elif plateaued(run.losses, run.target):
+                    stop = "plateau"
+            if self._stop_everywhere(trainer, run, stop):
+                return
         run.step_seconds = run.step_seconds or (min(step_times) if step_times else 0.0)
+
+    @staticmethod
+    def _stop_everywhere(trainer: pl.Trainer, run: ProbeRun, reason: str) -> bool:
+        """Whether the probe stops now; under DDP every rank stops at the same step (the user's
+        `training_step` may hold collectives), for its own reason or because another rank
+        stopped (then its own curve is judged as if time ran out)."""
+        stop = bool(reason)
+        if trainer.world_size > 1:
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop and not reason:
+            run.stopped = "time"
+        elif reason not in ("", "done", "detached"):
+            run.stopped = reason
+        return stop
 
     def _reference(self, run: ProbeRun, start: float, batch: Any, output: Tensor | None) -> None:
         """Chance level, the near-zero target and a probability floor, from the first step."""

@@ -20,6 +20,7 @@ from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
 from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
 from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.report import TriageReport
+from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
 
@@ -36,7 +37,12 @@ class Triage(Callback):
         task: ``"auto"`` (infer from the first batch), ``"multiclass"``, ``"binary"``,
             ``"regression"`` or ``"sequence"`` (token-level classification, language modeling).
         num_classes: class count (vocabulary size for ``"sequence"``).
-        causal: the model must not look at future positions (enables the causal probe).
+        causal: ``True``: the model must not look at future positions, always run the causal
+            probe; ``False`` (default): run it when the data is next-token prediction (targets
+            are the inputs shifted by one position).
+        forward_fn: ``callable(pl_module, batch) -> output`` running the model on a batch, for
+            the structure probes when they cannot find the forward through ``training_step``
+            (manual optimization).
         strict: raise internal errors of checks instead of disabling them (for tests).
         verbose: print the report summary at the end of fit.
         input_key: where the inputs are in a batch the data stage cannot read by itself: a key
@@ -82,6 +88,7 @@ class Triage(Callback):
         overfit_batch_size: int = 8,
         overfit_steps: int = 300,
         overfit_budget: float = 5.0,
+        forward_fn: ForwardFn | None = None,
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -105,6 +112,7 @@ class Triage(Callback):
         overfit_check = OverfitBatchCheck(
             batch_size=overfit_batch_size, max_steps=overfit_steps, time_budget=overfit_budget,
             min_steps=min(30, overfit_steps), task=task, num_classes=num_classes, strict=strict)
+        self.forward_fn = forward_fn
         self.input_key = input_key
         self.target_key = target_key
         self.checks: list[TriageCallback] = [
@@ -114,6 +122,8 @@ class Triage(Callback):
                              target_key=target_key, strict=strict),
             GradientWiringCheck(strict=strict),
             *([overfit_check] if overfit else []),
+            StructureProbe(causal=True if causal else None, forward_fn=forward_fn,
+                           input_key=input_key, target_key=target_key, strict=strict),
             EvalModeCheck(strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)

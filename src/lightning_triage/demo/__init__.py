@@ -17,6 +17,7 @@ from rich.console import Console
 
 from lightning_triage.callbacks.triage import Triage
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
+from lightning_triage.demo.sequences import TinyLM, random_token_loaders
 from lightning_triage.demo.wiring import DetachedEncoderMLP
 
 
@@ -47,9 +48,16 @@ def _raw_digits(**model_kwargs: Any) -> Callable[[], tuple[pl.LightningModule, A
         return DigitsMLP(**model_kwargs), train, val
 
     return build
+
+
 def _detached_encoder() -> tuple[pl.LightningModule, Any, Any]:
     train, val = digits_loaders()
     return DetachedEncoderMLP(lr=0.1), train, val
+
+
+def _future_mask_lm() -> tuple[pl.LightningModule, Any, Any]:
+    train, val = random_token_loaders()
+    return TinyLM(mask="future"), train, val
 
 
 SCENARIOS: list[Scenario] = [
@@ -61,6 +69,10 @@ SCENARIOS: list[Scenario] = [
              "data.unnormalized_input", _raw_digits(lr=0.5)),
     Scenario("detached-encoder", "the MLP's encoder output is `.detach()`ed: only the head "
              "trains, on random features", "wiring.no_grad_params", _detached_encoder),
+    Scenario("future-mask-lm", "a 1-layer transformer LM on pure random tokens whose attention "
+             "mask shows the future (no `causal` argument: the next-token data says it must be "
+             "causal); its loss falls far below ln 16 = 2.77", "structure.causal_leak",
+             _future_mask_lm),
 ]
 
 

@@ -1,6 +1,12 @@
-"""The functional core: pure functions over tensors and numbers, no Trainer needed."""
+"""The functional core: pure functions over tensors and numbers, no Trainer needed.
+"""
 
-from lightning_triage.functional.batch import BatchLayout, BatchParts, locate_batch, split_batch
+from lightning_triage.functional.batch import (
+    BatchLayout,
+    BatchParts,
+    locate_batch,
+    split_batch,
+)
 from lightning_triage.functional.chance import (
     ChanceLevel,
     binary_chance,
@@ -30,8 +36,12 @@ from lightning_triage.functional.data import (
     summarize_tensor,
     target_range,
 )
-from lightning_triage.functional.hooks import capture_last_output
-from lightning_triage.functional.mode import mode_sensitive_in_training
+from lightning_triage.functional.hooks import (
+    capture_last_output,
+)
+from lightning_triage.functional.mode import (
+    mode_sensitive_in_training,
+)
 from lightning_triage.functional.overfit import (
     CurveVerdict,
     batch_size_of,
@@ -41,7 +51,21 @@ from lightning_triage.functional.overfit import (
     probability_floor,
     slice_batch,
 )
-from lightning_triage.functional.series import BoundedSeries
+from lightning_triage.functional.series import (
+    BoundedSeries,
+)
+from lightning_triage.functional.structure import (
+    BatchDependence,
+    CausalDependence,
+    LossWatch,
+    OutputChange,
+    batch_mixing,
+    broadcast_mismatch,
+    causal_leak,
+    is_next_token,
+    output_change,
+    redraw_targets,
+)
 from lightning_triage.functional.wiring import (
     ModuleGroup,
     WiringResult,
@@ -52,23 +76,30 @@ from lightning_triage.functional.wiring import (
 )
 
 __all__ = [
+    "BatchDependence",
     "BatchLayout",
     "BatchParts",
     "BoundedSeries",
+    "CausalDependence",
     "ChanceLevel",
     "CurveVerdict",
     "FeatureMoments",
     "FingerprintStore",
     "LabelSignal",
+    "LossWatch",
     "ModuleGroup",
+    "OutputChange",
     "TensorSummary",
     "WiringResult",
     "analyze_wiring",
     "batch_fingerprint",
+    "batch_mixing",
     "batch_picture",
     "batch_size_of",
     "binary_chance",
+    "broadcast_mismatch",
     "capture_last_output",
+    "causal_leak",
     "chance_level",
     "class_counts",
     "class_imbalance",
@@ -81,15 +112,18 @@ __all__ = [
     "infer_task",
     "input_shift",
     "inspect_gradients",
+    "is_next_token",
     "judge_curve",
     "label_signal",
     "locate_batch",
     "mode_sensitive_in_training",
     "multiclass_chance",
     "near_zero_target",
+    "output_change",
     "plateaued",
     "prior_entropy",
     "probability_floor",
+    "redraw_targets",
     "regression_chance",
     "scale_verdict",
     "sequence_chance",
