@@ -6,7 +6,13 @@ Example:
     >>> trainer = Trainer(callbacks=[Triage()])
 """
 
-from lightning_triage.callbacks import InitialLossCheck, Triage, TriageCallback, TriageReport
+from lightning_triage.callbacks import (
+    InitialLossCheck,
+    NonFiniteTracer,
+    Triage,
+    TriageCallback,
+    TriageReport,
+)
 from lightning_triage.findings import CODES, STAGES, Finding
 
 __version__ = "0.1.0.dev0"
@@ -16,6 +22,7 @@ __all__ = [
     "STAGES",
     "Finding",
     "InitialLossCheck",
+    "NonFiniteTracer",
     "Triage",
     "TriageCallback",
     "TriageReport",

@@ -2,7 +2,8 @@
 
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.initial_loss import InitialLossCheck
+from lightning_triage.callbacks.nonfinite_tracer import NonFiniteTracer
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.triage import Triage
 
-__all__ = ["InitialLossCheck", "Triage", "TriageCallback", "TriageReport"]
+__all__ = ["InitialLossCheck", "NonFiniteTracer", "Triage", "TriageCallback", "TriageReport"]

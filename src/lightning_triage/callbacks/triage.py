@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
+from lightning_triage.callbacks.nonfinite_tracer import Mode, NonFiniteTracer, OnNonFinite
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.functional.chance import Task
 
@@ -34,6 +35,13 @@ class Triage(Callback):
         causal: the model must not look at future positions (enables the causal probe).
         strict: raise internal errors of checks instead of disabling them (for tests).
         verbose: print the report summary at the end of fit.
+        on_nonfinite: what :class:`NonFiniteTracer` does when a step goes NaN/Inf: ``"stop"``
+            (report, drop the step's update, stop fit), ``"skip"`` (drop it and go on) or
+            ``"warn"`` (report only).
+        numerics_mode: ``"auto"`` (sync on CPU, deferred on accelerators), ``"sync"`` (check and
+            localize every step; one host sync per step on GPU) or ``"deferred"`` (flags stay on
+            the device, read every ``numerics_check_every_n_steps`` steps, no localization).
+        numerics_check_every_n_steps: how often deferred mode reads its device flags.
 
     Raises:
         ValueError: for an unknown ``task`` or ``num_classes < 2``.
@@ -62,6 +70,9 @@ class Triage(Callback):
         causal: bool = False,
         strict: bool = False,
         verbose: bool = True,
+        on_nonfinite: OnNonFinite = "stop",
+        numerics_mode: Mode = "auto",
+        numerics_check_every_n_steps: int = 50,
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -70,8 +81,14 @@ class Triage(Callback):
         self.causal = causal
         self.strict = strict
         self.verbose = verbose
+        self.on_nonfinite = on_nonfinite
+        self.numerics_mode = numerics_mode
+        self.numerics_check_every_n_steps = numerics_check_every_n_steps
         self.checks: list[TriageCallback] = [
             InitialLossCheck(task=task, num_classes=num_classes, strict=strict),
+            # numerics: last in protocol order
+            NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
+                            check_every_n_steps=numerics_check_every_n_steps, strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
 

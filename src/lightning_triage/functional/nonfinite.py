@@ -279,7 +279,7 @@ class _Tracer:
         """Map the autograd nodes created inside this module call to its name (innermost wins:
         children's hooks run first)."""
         stops = {t.grad_fn for t in ins if t.grad_fn is not None}
-        stack = [t.grad_fn for t in outs if t.grad_fn is not None]
+        stack: list[Any] = [t.grad_fn for t in outs if t.grad_fn is not None]
         seen: set[Any] = set()
         while stack:
             node = stack.pop()
