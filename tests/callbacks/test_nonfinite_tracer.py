@@ -3,6 +3,7 @@ healthy runs (32, bf16-mixed, 16-true) must stay silent and unchanged."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -425,3 +426,29 @@ def test_state_round_trip_and_pickle(tmp_path: Path) -> None:
     fresh.load_state_dict(clone.state_dict())
     assert fresh.findings == tracer.findings
     assert (fresh.nonfinite_steps, fresh.skipped_steps, fresh.first_step) == (2, 2, 1)
+
+
+class NaNOnRankOne(Classifier):
+    """Rank 1 only: a NaN enters the first layer's input at batch 1."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        if self.global_rank == 1 and batch_idx == 1:
+            x = x.clone()
+            x[5, 0] = float("nan")
+        return self.loss_fn(self(x), y)
+
+
+def test_ddp_every_rank_stops_and_the_report_names_the_rank(tmp_path: Path) -> None:
+    triage = Triage(report_dir=tmp_path / "report", strict=True, verbose=False)
+    trainer = make_trainer(tmp_path, [triage], strategy="ddp_spawn", devices=2,
+                           limit_train_batches=4)
+    trainer.fit(NaNOnRankOne(), data())
+    report = json.loads((tmp_path / "report" / "triage_report.json").read_text())
+    numerics = [
+        (f["code"], f["rank"], f["global_step"], f["layer"]) for f in report["findings"]
+        if f["code"].startswith("numerics.")]
+    # rank 0's gradients were NaN too (all-reduce), but only rank 1 reports: where it was born
+    assert numerics == [("numerics.nonfinite_forward", 1, 1, "net.0")]
+    assert report["status"] == "completed"
+    assert report["run"]["global_step"] == 2  # rank 0 stopped with rank 1, after batch 1

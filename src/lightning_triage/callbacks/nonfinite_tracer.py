@@ -377,7 +377,13 @@ class NonFiniteTracer(TriageCallback):
         if trainer.world_size > 1:
             needs_fp32 = bool(trainer.strategy.reduce_boolean_decision(needs_fp32, all=False))
         ref = self._replay(trainer, pl_module, float32=True) if needs_fp32 else None
-        if not local_bad:
+        # under DDP a NaN born on one rank reaches every rank's gradients through the all-reduce:
+        # a rank whose own replay is finite reports nothing when another rank localized it
+        localized_somewhere = not run.finite
+        if trainer.world_size > 1:
+            localized_somewhere = bool(
+                trainer.strategy.reduce_boolean_decision(not run.finite, all=False))
+        if not local_bad or (run.finite and localized_somewhere):
             return
         if run.finite:
             self._not_localized(trainer, signal,
