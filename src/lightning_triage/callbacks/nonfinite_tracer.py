@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any, Literal
 
@@ -21,6 +21,7 @@ from lightning_triage.findings import register_code
 from lightning_triage.functional.batch import split_batch
 from lightning_triage.functional.nonfinite import (
     Localization,
+    abs_peaks,
     dtype_max,
     float_tensors,
     localize_nonfinite,
@@ -80,6 +81,10 @@ def _float32_state(module: nn.Module) -> Iterator[None]:
             t.grad = grad
 
 
+def _finite(value: Tensor | None) -> bool:
+    return value is None or math.isfinite(float(value))
+
+
 def _to_float32(batch: Any) -> Any:
     def cast(t: Tensor) -> Tensor:
         return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
@@ -132,7 +137,8 @@ class NonFiniteTracer(TriageCallback):
         mode: ``"auto"``, ``"sync"`` or ``"deferred"``.
         check_every_n_steps: in deferred mode, read the device flags every this many optimizer
             steps.
-        check_params: check the parameters after each optimizer step.
+        check_params: check the parameters after each optimizer step (folded into the next
+            step's gradient reduction, and once at the end of training).
         precision_replay: under a reduced precision, replay the failing step in float32.
         near_overflow_every_n_steps: sample module outputs every this many steps under a reduced
             precision (``None`` disables the sampling).
@@ -214,6 +220,8 @@ class NonFiniteTracer(TriageCallback):
         self._window_handled = False
         self._stepped = False
         self._grad_peak: float | None = None
+        self._last_update_step: int | None = None
+        self._bad_update_step: int | None = None
         # deferred flags (device tensors)
         self._bits: Tensor | None = None
         self._first_dev: Tensor | None = None
@@ -272,33 +280,55 @@ class NonFiniteTracer(TriageCallback):
                            loss: Tensor) -> None:
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             return
-        bad = ~torch.isfinite(loss.detach())
-        if self._sync:
-            self._loss_bad = self._loss_bad or bool(bad)
-        else:
-            self._loss_dev = bad if self._loss_dev is None else self._loss_dev | bad
+        if self._sync and loss.device.type == "cpu":  # reading a CPU scalar is free
+            self._loss_bad = self._loss_bad or not math.isfinite(float(loss.detach()))
+            return
+        bad = ~torch.isfinite(loss.detach())  # stays on the device until the step's check
+        self._loss_dev = bad if self._loss_dev is None else self._loss_dev | bad
+
+    def _read_loss(self) -> bool:
+        """Sync mode: whether the loss of this step (any micro-batch) was non-finite."""
+        if self._loss_dev is not None:
+            self._loss_bad = self._loss_bad or bool(self._loss_dev)
+            self._loss_dev = None
+        return self._loss_bad
 
     @override
     @guarded
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: Optimizer) -> None:
         self._stepped = True
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
-                 if p.grad is not None]
-        peak = max_abs(grads)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        # one multi-tensor reduction over this step's gradients and the parameters as the
+        # previous update left them (checking them here instead of after the update saves a pass)
+        peaks = abs_peaks(grads + params if self.check_params else grads)
         if not self._sync:
-            self._defer_step(peak)
+            self._defer_step(peaks, len(grads))
             return
-        self._grad_peak = None if peak is None else float(peak)
-        grad_bad = self._grad_peak is not None and not math.isfinite(self._grad_peak)
-        if grad_bad and not self._loss_bad and self._has_scaler:
-            self.scaler_skips += 1  # the scaler skips this step and lowers its scale: normal
-            return
-        local_bad = self._loss_bad or grad_bad
+        values = [p.float() for p in peaks]
+        if self._loss_dev is not None:
+            values.append(torch.where(self._loss_dev, math.inf, 0.0).to(torch.float32))
+        local_bad = self._loss_bad or (bool(values) and not math.isfinite(
+            float(torch.stack(values).amax())))
+        params_bad = False
+        if local_bad:  # the rare path: find out which signal it was
+            loss_bad = self._read_loss()
+            peak = max_abs(grads)
+            self._grad_peak = None if peak is None else float(peak)
+            grad_bad = self._grad_peak is not None and not math.isfinite(self._grad_peak)
+            params_bad = self.check_params and not _finite(max_abs(params))
+            if params_bad:
+                self.nonfinite_steps += 1
+                self._params_event(trainer, pl_module, params)
+            elif grad_bad and not loss_bad and self._has_scaler:
+                self.scaler_skips += 1  # the scaler skips this step, lowers its scale: normal
+                local_bad = False
+        self._loss_dev = None
         if not self._any_rank(trainer, local_bad):
             self._window_handled = False
             return
-        if not self._handled and not self._window_handled:
+        if not self._handled and not self._window_handled and not params_bad:
             self._event(trainer, pl_module, local_bad, "loss" if self._loss_bad else "gradients")
         self._handled = True
         self._window_handled = False
@@ -311,24 +341,30 @@ class NonFiniteTracer(TriageCallback):
         try:
             if self._peaks is not None:
                 self._read_samples(trainer)
-            if not self._stepped:
-                # a micro-batch of gradient accumulation (or manual optimization without a
-                # step): localize a bad loss now, while the weights are still pre-step
-                if self._sync and self._any_rank(trainer, self._loss_bad) and not self._handled:
-                    self._event(trainer, pl_module, self._loss_bad, "loss")
-                    self._handled = True
-                    self._window_handled = True
-                return
-            if self.check_params:
-                self._check_params(trainer, pl_module)
-            if not self._sync and trainer.global_step % self.check_every_n_steps == 0:
-                self._read_deferred(trainer)
+            if self._stepped:
+                self._last_update_step = self._batch_step
+                if not self._sync and trainer.global_step % self.check_every_n_steps == 0:
+                    self._read_deferred(trainer)
+            # a micro-batch of gradient accumulation (or manual optimization without a step):
+            # localize a bad loss now, while the weights are still pre-step
+            elif self._sync and self._any_rank(trainer, self._read_loss()) and not self._handled:
+                self._event(trainer, pl_module, self._loss_bad, "loss")
+                self._handled = True
+                self._window_handled = True
         finally:
             self._batch = None
 
     @override
     @guarded
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.check_params and self._last_update_step is not None:
+            params = list(pl_module.parameters())
+            if not _finite(max_abs(params)):  # the last update, not followed by a step's check
+                if self._sync:
+                    self._params_event(trainer, pl_module, params)
+                else:
+                    self._bits = torch.full((), _PARAMS, dtype=torch.int32) if self._bits is None \
+                        else self._bits | _PARAMS
         if not self._sync:
             self._read_deferred(trainer)
         self.detail = self._describe()
@@ -342,6 +378,7 @@ class NonFiniteTracer(TriageCallback):
 
     def _apply_policy(self, trainer: pl.Trainer, optimizer: Optimizer) -> None:
         if self.on_nonfinite == "warn":
+            self._bad_update_step = self._batch_step
             return
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -529,52 +566,57 @@ class NonFiniteTracer(TriageCallback):
             global_step=self._batch_step,
         )
 
-    def _check_params(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        params = list(pl_module.parameters())
-        peak = max_abs(params)
-        if peak is None:
+    def _params_event(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                      params: Sequence[Tensor]) -> None:
+        """Parameters are non-finite before this step's update: the last update wrote them."""
+        if self.has_finding("numerics.nonfinite_params"):
             return
-        if not self._sync:
-            bad = (~torch.isfinite(peak)).to(torch.int32) * _PARAMS
-            self._bits = bad if self._bits is None else self._bits | bad
-            return
-        if self.has_finding("numerics.nonfinite_params") or bool(torch.isfinite(peak)):
-            return
-        bad_names = [name for name, p in pl_module.named_parameters()
-                     if not bool(torch.isfinite(p.detach()).all())]
+        names = {id(p): name for name, p in pl_module.named_parameters()}
+        bad_names = [names.get(id(p), "?") for p in params if not _finite(max_abs([p]))]
+        step = self._last_update_step
         lrs = sorted({float(g.get("lr", float("nan"))) for opt in trainer.optimizers
                       for g in opt.param_groups})
-        after = (f"the non-finite gradients of this step were applied (`on_nonfinite="
-                 f"{self.on_nonfinite!r}`)" if self._handled else
-                 f"the gradients were finite (max |grad| = {_fmt(self._grad_peak)}): the update "
-                 f"itself overflowed; check the learning rate {lrs}, weight decay and the "
-                 f"optimizer's `eps`")
+        if self.first_step is None:
+            self.first_step = step
+        if step is None:
+            when = ("before the first optimizer step of this run (initialization, or a loaded "
+                    "checkpoint?)")
+            step = self._batch_step
+        else:
+            cause = ("its non-finite gradients were applied (`on_nonfinite="
+                     f"{self.on_nonfinite!r}`)" if self._bad_update_step == step
+                     else "its gradients were finite: the update itself overflowed; check the "
+                     f"learning rate {lrs}, weight decay and the optimizer's `eps`")
+            when = f"by the optimizer update of step {step}: {cause}"
         self.add_finding(
             trainer, "numerics.nonfinite_params",
-            f"step {self._batch_step}: after the optimizer step {len(bad_names)} of {len(params)} "
-            f"parameter tensors hold NaN/Inf ({', '.join(f'`{n}`' for n in bad_names[:8])}"
-            f"{', ...' if len(bad_names) > 8 else ''}); {after}.",
-            evidence={"params": bad_names[:32], "num_params": len(bad_names),
-                      "grad_max_abs": self._grad_peak, "lr": lrs},
-            global_step=self._batch_step, layer=bad_names[0].rsplit(".", 1)[0] if bad_names else None,
+            f"step {step}: {len(bad_names)} of {len(params)} parameter tensors became NaN/Inf "
+            f"({', '.join(f'`{n}`' for n in bad_names[:8])}{', ...' if len(bad_names) > 8 else ''}) "
+            f"{when}.",
+            evidence={"params": bad_names[:32], "num_params": len(bad_names), "lr": lrs,
+                      "seen_at_step": self._batch_step},
+            global_step=step,
+            layer=bad_names[0].rsplit(".", 1)[0] if bad_names and "." in bad_names[0] else None,
         )
 
     # ------------------------------------------------------------------ deferred mode
-    def _defer_step(self, grad_peak: Tensor | None) -> None:
+    def _defer_step(self, peaks: list[Tensor], n_grads: int) -> None:
         """Accumulate this step's flags on the device: no host synchronization."""
         bad: Tensor | None = None
         if self._loss_dev is not None:
             bad = self._loss_dev.to(torch.int32) * _LOSS
             self._loss_dev = None  # consumed (it accumulates over the micro-batches of the step)
-        if grad_peak is not None and not self._has_scaler:
-            gbad = (~torch.isfinite(grad_peak)).to(torch.int32) * _GRAD
-            bad = gbad if bad is None else bad | gbad
+        for chunk, bit in ((peaks[:n_grads], _GRAD), (peaks[n_grads:], _PARAMS)):
+            if not chunk or (bit == _GRAD and self._has_scaler):
+                continue
+            flag = (~torch.isfinite(torch.stack([p.float() for p in chunk]).amax())).to(
+                torch.int32) * bit
+            bad = flag if bad is None else bad | flag
         if bad is None:
             return
-        if self._bits is None:
+        if self._bits is None or self._first_dev is None:
             self._bits = torch.zeros((), dtype=torch.int32, device=bad.device)
             self._first_dev = torch.full((), -1, dtype=torch.int64, device=bad.device)
-        assert self._first_dev is not None
         self._first_dev = torch.where((self._first_dev < 0) & (bad > 0), self._batch_step,
                                       self._first_dev)
         self._bits = self._bits | bad

@@ -30,12 +30,31 @@ DEFAULT_KEEP = 8
 
 
 # ---------------------------------------------------------------------- cheap reductions
+def abs_peaks(tensors: Iterable[Tensor]) -> list[Tensor]:
+    """The largest ``|x|`` of each tensor, as 0-dim device tensors (no host sync).
+
+    One multi-tensor ``inf``-norm (``torch._foreach_norm``, what ``clip_grad_norm_`` uses; a
+    loop of ``torch.linalg.vector_norm`` where it is missing). Empty tensors are left out.
+
+    Example:
+        >>> [float(p) for p in abs_peaks([torch.tensor([1.0, -3.0]), torch.tensor([2.0])])]
+        [3.0, 2.0]
+    """
+    items = [t for t in tensors if t.numel()]
+    if not items:
+        return []
+    with torch.no_grad():
+        foreach_norm = getattr(torch, "_foreach_norm", None)
+        if foreach_norm is not None:
+            return list(foreach_norm(items, math.inf))
+        return [torch.linalg.vector_norm(t, math.inf) for t in items]
+
+
 def max_abs(tensors: Iterable[Tensor]) -> Tensor | None:
     """The largest ``|x|`` over many tensors, as a 0-dim device tensor (no host sync).
 
-    One fused ``inf``-norm over the list (``torch.nn.utils.get_total_norm``). A NaN anywhere gives
-    NaN, an Inf gives Inf: the result is finite exactly when every value is. ``None`` for no
-    tensors. The result is float32 or wider whatever the tensors' dtype.
+    A NaN anywhere gives NaN, an Inf gives Inf: the result is finite exactly when every value
+    is. ``None`` for no (non-empty) tensors. See :func:`abs_peaks`.
 
     Example:
         >>> max_abs([torch.tensor([1.0, -3.0]), torch.tensor([2.0])])
@@ -43,10 +62,11 @@ def max_abs(tensors: Iterable[Tensor]) -> Tensor | None:
         >>> max_abs([torch.tensor([1.0, float("nan")])])
         tensor(nan)
     """
-    items = [t.detach() for t in tensors]
-    if not items:
+    peaks = abs_peaks(tensors)
+    if not peaks:
         return None
-    return torch.nn.utils.get_total_norm(items, norm_type=math.inf, error_if_nonfinite=False)
+    with torch.no_grad():
+        return torch.stack([p.float() for p in peaks]).amax()
 
 
 def all_finite(tensors: Iterable[Tensor]) -> Tensor | None:
@@ -421,6 +441,7 @@ __all__ = [
     "Localization",
     "NonFiniteKind",
     "TensorStats",
+    "abs_peaks",
     "all_finite",
     "dtype_max",
     "float_tensors",
