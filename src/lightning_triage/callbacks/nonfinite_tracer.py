@@ -480,7 +480,7 @@ class NonFiniteTracer(TriageCallback):
         if layer is None:
             return "the loss computation in `training_step` (outside every module)"
         if layer == "":
-            return f"the root module `{type(pl_module).__name__}` itself (its own `forward` code)"
+            return f"the root module `{type(pl_module).__name__}` (its own `forward` code)"
         module = dict(pl_module.named_modules()).get(layer)
         kind = f" ({type(module).__name__})" if module is not None else ""
         return f"module `{layer}`{kind}"
@@ -509,8 +509,8 @@ class NonFiniteTracer(TriageCallback):
             )
         elif run.kind == "loss":
             last = run.leading[-1] if run.leading else None
-            tail = (f" (the last, `{last.name}`, peaked at max |x| = {_fmt(last.stats.max_abs)})"
-                    if last is not None else "")
+            tail = (f" (the last, {self._module_desc(pl_module, last.name)}, peaked at max "
+                    f"|x| = {_fmt(last.stats.max_abs)})" if last is not None else "")
             self.add_finding(
                 trainer, "numerics.nonfinite_loss",
                 f"step {step}: every module output was finite{tail}, but the loss was "

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from lightning_triage.callbacks.triage import Triage
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
+from lightning_triage.demo.numerics import log_softmax_scenario
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ SCENARIOS: list[Scenario] = [
              "no problems", _digits(lr=0.1)),
     Scenario("scaled-logits", "the same MLP with its logits multiplied by 100",
              "init.loss_above_chance", _digits(lr=0.1, logit_scale=100.0)),
+    Scenario("log-softmax-loss", "the MLP trained with a hand-written `-log(softmax(z))` loss, "
+             "SGD lr 2.0: the logits spread until the softmax underflows to 0",
+             "numerics.nonfinite_loss", log_softmax_scenario, max_epochs=3),
 ]
 
 
