@@ -82,6 +82,8 @@ class NaiveFiniteHooks(Callback):
 
 CONFIGS: dict[str, Callable[[], tuple[list[Callback], dict[str, Any]]]] = {
     "bare": lambda: ([], {}),
+    # the floor: Lightning dispatches every hook of every callback (with a profiler context)
+    "empty Callback()": lambda: ([Callback()], {}),
     "tracer (sync)": lambda: ([NonFiniteTracer(mode="sync")], {}),
     "tracer (deferred)": lambda: ([NonFiniteTracer(mode="deferred")], {}),
     "naive per-module hooks": lambda: ([NaiveFiniteHooks()], {}),

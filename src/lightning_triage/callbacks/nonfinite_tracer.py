@@ -209,6 +209,7 @@ class NonFiniteTracer(TriageCallback):
         self._sync = True
         self._reduced: torch.dtype | None = None
         self._has_scaler = False
+        self._cuda: torch.device | None = None
         # per-batch state
         self._batch: Any = None
         self._batch_idx = 0
@@ -240,6 +241,7 @@ class NonFiniteTracer(TriageCallback):
         self._sync = self.mode == "sync" or (self.mode == "auto" and device.type == "cpu")
         self._reduced = _REDUCED.get(str(trainer.precision))
         self._has_scaler = getattr(trainer.precision_plugin, "scaler", None) is not None
+        self._cuda = device if device.type == "cuda" else None
         self.mark_ran(self._describe())
 
     def _describe(self) -> str:
@@ -267,8 +269,8 @@ class NonFiniteTracer(TriageCallback):
         self._grad_peak = None
         if self._sync:
             self._rng = torch.get_rng_state()
-            on_cuda = pl_module.device.type == "cuda" and torch.cuda.is_initialized()
-            self._cuda_rng = torch.cuda.get_rng_state(pl_module.device) if on_cuda else None
+            if self._cuda is not None and torch.cuda.is_initialized():
+                self._cuda_rng = torch.cuda.get_rng_state(self._cuda)
         n = self.near_overflow_every_n_steps
         if (self._reduced is not None and n is not None and trainer.global_step % n == 0
                 and self._peaks is None and batch_idx % trainer.accumulate_grad_batches == 0):
@@ -306,9 +308,9 @@ class NonFiniteTracer(TriageCallback):
         if not self._sync:
             self._defer_step(peaks, len(grads))
             return
-        values = [p.float() for p in peaks]
+        values = peaks  # torch.stack promotes mixed dtypes
         if self._loss_dev is not None:
-            values.append(torch.where(self._loss_dev, math.inf, 0.0).to(torch.float32))
+            values = [*peaks, torch.where(self._loss_dev, math.inf, 0.0).to(torch.float32)]
         local_bad = self._loss_bad or (bool(values) and not math.isfinite(
             float(torch.stack(values).amax())))
         params_bad = False
