@@ -235,6 +235,46 @@ def test_fp16_overflow_is_precision_overflow(tmp_path: Path) -> None:
     assert all(p.dtype == torch.float16 for p in model.parameters())
 
 
+def test_bf16_mixed_nan_input_is_not_a_precision_problem(tmp_path: Path) -> None:
+    def edit(x: Tensor, y: Tensor) -> None:
+        x[at(2, 1), 3] = float("nan")
+
+    pl.seed_everything(0)
+    _, tracer = fit(tmp_path, Classifier(), data(edit=edit), precision="bf16-mixed")
+    forward = only(tracer.findings, "numerics.nonfinite_forward")
+    assert (forward.global_step, forward.layer) == (2, "net.0")
+    assert "float32 too" in forward.message
+    assert "numerics.precision_overflow" not in codes(tracer.findings)
+
+
+class ManualNaN(Classifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        opt = self.optimizers()
+        x, y = batch
+        loss = self.loss_fn(self(x), y)
+        if batch_idx == 2:
+            loss = loss * float("nan")
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+def test_manual_optimization_is_detected_not_replayed(tmp_path: Path) -> None:
+    pl.seed_everything(0)
+    model = ManualNaN()
+    trainer, tracer = fit(tmp_path, model, data())
+    detected = only(tracer.findings, "numerics.nonfinite_detected")
+    assert detected.global_step == 2
+    assert "manual optimization" in detected.message
+    assert params_finite(model)
+    assert trainer.should_stop
+
+
 def test_update_that_overflows_gives_nonfinite_params(tmp_path: Path) -> None:
     pl.seed_everything(0)
     model = Classifier(lr=float("inf"))

@@ -17,7 +17,6 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.findings import register_code
 from lightning_triage.functional.batch import split_batch
 from lightning_triage.functional.nonfinite import (
     Localization,
@@ -35,12 +34,6 @@ OnNonFinite = Literal["stop", "skip", "warn"]
 Mode = Literal["auto", "sync", "deferred"]
 ON_NONFINITE: tuple[OnNonFinite, ...] = ("stop", "skip", "warn")
 MODES: tuple[Mode, ...] = ("auto", "sync", "deferred")
-
-register_code(
-    "numerics.nonfinite_detected", "error", "A NaN/Inf was detected but not localized",
-    "Run with `NonFiniteTracer(mode='sync')` (or `Triage(numerics_mode='sync')`) so the failing "
-    "step is replayed and the first module, gradient or loss computation is named.",
-)
 
 _LOSS, _GRAD, _PARAMS = 1, 2, 4
 
