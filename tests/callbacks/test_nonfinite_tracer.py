@@ -275,6 +275,34 @@ def test_manual_optimization_is_detected_not_replayed(tmp_path: Path) -> None:
     assert trainer.should_stop
 
 
+class RefusesNaN(Classifier):
+    """Its `training_step` raises on a NaN batch, but only when replayed (the second call)."""
+
+    calls = 0
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        if batch_idx == 1:
+            self.calls += 1
+            if self.calls > 1:
+                raise ValueError("NaN in batch")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_replay_that_raises_still_applies_the_policy(tmp_path: Path) -> None:
+    def edit(x: Tensor, y: Tensor) -> None:
+        x[at(1, 0), 0] = float("nan")
+
+    pl.seed_everything(0)
+    model = RefusesNaN()
+    trainer, tracer = fit(tmp_path, model, data(edit=edit), tracer=NonFiniteTracer())
+    detected = only(tracer.findings, "numerics.nonfinite_detected")
+    assert detected.global_step == 1
+    assert "ValueError: NaN in batch" in detected.message
+    assert params_finite(model)
+    assert trainer.should_stop
+    assert not tracer.disabled
+
+
 def test_update_that_overflows_gives_nonfinite_params(tmp_path: Path) -> None:
     pl.seed_everything(0)
     model = Classifier(lr=float("inf"))

@@ -403,7 +403,14 @@ class NonFiniteTracer(TriageCallback):
         self.localized += 1
         if local_bad:
             self._check_batch(trainer)
-        run = self._replay(trainer, pl_module, float32=False)
+        try:
+            run = self._replay(trainer, pl_module, float32=False)
+        except Exception as exc:  # the user's code may refuse a NaN: still apply the policy
+            if self.strict:
+                raise
+            if local_bad:
+                self._not_localized(trainer, signal, f"the replay raised {type(exc).__name__}: {exc}")
+            return
         reduced = self._reduced
         needs_fp32 = (reduced is not None and self.precision_replay and not run.finite)
         if trainer.world_size > 1:
