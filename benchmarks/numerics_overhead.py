@@ -80,6 +80,45 @@ class NaiveFiniteHooks(Callback):
             h.remove()
 
 
+class TimedTracer(NonFiniteTracer):
+    """The tracer with the time spent inside its per-step hooks accumulated (a load-robust view
+    of its own cost: the same process, the same moments)."""
+
+    spent = 0.0
+
+    def _timed(self, name: str, *args: Any) -> None:
+        start = time.perf_counter()
+        getattr(super(), name)(*args)
+        TimedTracer.spent += time.perf_counter() - start
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self._timed("on_train_batch_start", *args)
+
+    def on_before_backward(self, *args: Any) -> None:
+        self._timed("on_before_backward", *args)
+
+    def on_before_optimizer_step(self, *args: Any) -> None:
+        self._timed("on_before_optimizer_step", *args)
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self._timed("on_train_batch_end", *args)
+
+
+def hook_share(make_net: Callable[[], nn.Module], data: DataLoader) -> None:
+    """Time spent inside the tracer's hooks, per step and as a share of the fit's wall time."""
+    TimedTracer.spent = 0.0
+    pl.seed_everything(0, verbose=False)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False,
+                         num_sanity_val_steps=0, callbacks=[TimedTracer(mode="sync")])
+    start = time.perf_counter()
+    trainer.fit(Lit(make_net()), data)
+    total = time.perf_counter() - start
+    steps = len(data)
+    print(f"\ninside the tracer's hooks (sync): {1e6 * TimedTracer.spent / steps:.0f} us/step, "
+          f"{100 * TimedTracer.spent / total:.2f}% of the fit's wall time")
+
+
 CONFIGS: dict[str, Callable[[], tuple[list[Callback], dict[str, Any]]]] = {
     "bare": lambda: ([], {}),
     # the floor: Lightning dispatches every hook of every callback (with a profiler context)
@@ -122,6 +161,7 @@ def bench(name: str, make_net: Callable[[], nn.Module], data: DataLoader, repeat
         c, w = statistics.median(cpu[config]), statistics.median(wall[config])
         print(f"| {config} | {c:.3f} | {c / base_c:.3f} | {w:.3f} | {w / base_w:.3f} | "
               f"{1000 * c / steps:.2f} |")
+    hook_share(make_net, data)
 
 
 def main() -> None:

@@ -20,9 +20,9 @@ from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import split_batch
 from lightning_triage.functional.nonfinite import (
     Localization,
-    abs_peaks,
     dtype_max,
     float_tensors,
+    gradients_nonfinite,
     localize_nonfinite,
     max_abs,
     nonfinite_examples,
@@ -76,6 +76,14 @@ def _float32_state(module: nn.Module) -> Iterator[None]:
 
 def _finite(value: Tensor | None) -> bool:
     return value is None or math.isfinite(float(value))
+
+
+def _healthy(total: Tensor | None, is_flag: bool) -> bool:
+    """One host read: a raised flag (``> 0``) or a non-finite peak means a problem."""
+    if total is None:
+        return True
+    value = float(total.sum())
+    return value == 0.0 if is_flag else math.isfinite(value)
 
 
 def _to_float32(batch: Any) -> Any:
@@ -203,6 +211,7 @@ class NonFiniteTracer(TriageCallback):
         self._reduced: torch.dtype | None = None
         self._has_scaler = False
         self._cuda: torch.device | None = None
+        self._world_size = 1
         # per-batch state
         self._batch: Any = None
         self._batch_idx = 0
@@ -219,7 +228,8 @@ class NonFiniteTracer(TriageCallback):
         # deferred flags (device tensors)
         self._bits: Tensor | None = None
         self._first_dev: Tensor | None = None
-        self._loss_dev: Tensor | None = None
+        self._losses: list[Tensor] = []
+        self._found: dict[torch.device, tuple[Tensor, Tensor]] = {}
         # near-overflow sampling
         self._peaks: list[tuple[str, Tensor]] | None = None
         self._near_reported: set[str] = set()
@@ -235,6 +245,7 @@ class NonFiniteTracer(TriageCallback):
         self._reduced = _REDUCED.get(str(trainer.precision))
         self._has_scaler = getattr(trainer.precision_plugin, "scaler", None) is not None
         self._cuda = device if device.type == "cuda" else None
+        self._world_size = trainer.world_size
         self.mark_ran(self._describe())
 
     def _describe(self) -> str:
@@ -277,15 +288,18 @@ class NonFiniteTracer(TriageCallback):
             return
         if self._sync and loss.device.type == "cpu":  # reading a CPU scalar is free
             self._loss_bad = self._loss_bad or not math.isfinite(float(loss.detach()))
-            return
-        bad = ~torch.isfinite(loss.detach())  # stays on the device until the step's check
-        self._loss_dev = bad if self._loss_dev is None else self._loss_dev | bad
+        else:  # no op here: joins the step's single reduction (every micro-batch's loss)
+            self._losses.append(loss.detach())
+
+    def _reset_found(self) -> None:
+        for found, _ in self._found.values():
+            found.zero_()
 
     def _read_loss(self) -> bool:
-        """Sync mode: whether the loss of this step (any micro-batch) was non-finite."""
-        if self._loss_dev is not None:
-            self._loss_bad = self._loss_bad or bool(self._loss_dev)
-            self._loss_dev = None
+        """Sync mode: whether the loss of this step (any micro-batch so far) was non-finite."""
+        if self._losses:
+            self._loss_bad = self._loss_bad or not _finite(max_abs(self._losses))
+            self._losses = []
         return self._loss_bad
 
     @override
@@ -295,22 +309,28 @@ class NonFiniteTracer(TriageCallback):
         self._stepped = True
         params = [p for group in optimizer.param_groups for p in group["params"]]
         grads = [p.grad for p in params if p.grad is not None]
-        # one multi-tensor reduction over this step's gradients and the parameters as the
-        # previous update left them (checking them here instead of after the update saves a pass)
-        peaks = abs_peaks(grads + params if self.check_params else grads)
         if not self._sync:
-            self._defer_step(peaks, len(grads))
+            self._defer_step(grads, params)
             return
-        values = peaks  # torch.stack promotes mixed dtypes
-        if self._loss_dev is not None:
-            values = [*peaks, torch.where(self._loss_dev, math.inf, 0.0).to(torch.float32)]
-        local_bad = self._loss_bad or (bool(values) and not math.isfinite(
-            float(torch.stack(values).amax())))
+        # gradients: GradScaler's fused non-finite check into a flag kept on the device; the
+        # parameters (as the previous update left them) are examined whenever something is
+        # non-finite, every `check_every_n_steps` steps and at the end of training
+        flag = gradients_nonfinite(grads, self._found)
+        watched = list(self._losses)
+        if self.check_params and self._batch_step % self.check_every_n_steps == 0:
+            watched += params
+        peak = max_abs(watched)
+        total: Tensor | None = None if peak is None else peak.reshape(1)
+        if flag is not None:
+            raised = torch.log1p(-flag) if total is not None else flag  # log1p: 0 or -inf
+            total = raised if total is None else total.to(raised.device) + raised
+        local_bad = self._loss_bad or not _healthy(total, flag is not None and peak is None)
         params_bad = False
         if local_bad:  # the rare path: find out which signal it was
+            self._reset_found()
             loss_bad = self._read_loss()
-            peak = max_abs(grads)
-            self._grad_peak = None if peak is None else float(peak)
+            grad_peak = max_abs(grads)
+            self._grad_peak = None if grad_peak is None else float(grad_peak)
             grad_bad = self._grad_peak is not None and not math.isfinite(self._grad_peak)
             params_bad = self.check_params and not _finite(max_abs(params))
             if params_bad:
@@ -319,7 +339,7 @@ class NonFiniteTracer(TriageCallback):
             elif grad_bad and not loss_bad and self._has_scaler:
                 self.scaler_skips += 1  # the scaler skips this step, lowers its scale: normal
                 local_bad = False
-        self._loss_dev = None
+        self._losses = []
         if not self._any_rank(trainer, local_bad):
             self._window_handled = False
             return
@@ -340,9 +360,13 @@ class NonFiniteTracer(TriageCallback):
                 self._last_update_step = self._batch_step
                 if not self._sync and trainer.global_step % self.check_every_n_steps == 0:
                     self._read_deferred(trainer)
+            elif not self._sync:
+                if len(self._losses) > 1:  # keep it bounded until the next optimizer step
+                    peak = max_abs(self._losses)
+                    self._losses = [] if peak is None else [peak]
             # a micro-batch of gradient accumulation (or manual optimization without a step):
             # localize a bad loss now, while the weights are still pre-step
-            elif self._sync and self._any_rank(trainer, self._read_loss()) and not self._handled:
+            elif self._any_rank(trainer, self._read_loss()) and not self._handled:
                 self._event(trainer, pl_module, self._loss_bad, "loss")
                 self._handled = True
                 self._window_handled = True
@@ -365,9 +389,8 @@ class NonFiniteTracer(TriageCallback):
         self.detail = self._describe()
 
     # ------------------------------------------------------------------ decisions
-    @staticmethod
-    def _any_rank(trainer: pl.Trainer, local: bool) -> bool:
-        if trainer.world_size > 1:
+    def _any_rank(self, trainer: pl.Trainer, local: bool) -> bool:
+        if self._world_size > 1:
             return bool(trainer.strategy.reduce_boolean_decision(local, all=False))
         return local
 
@@ -602,20 +625,22 @@ class NonFiniteTracer(TriageCallback):
         )
 
     # ------------------------------------------------------------------ deferred mode
-    def _defer_step(self, peaks: list[Tensor], n_grads: int) -> None:
+    def _defer_step(self, grads: list[Tensor], params: list[Tensor]) -> None:
         """Accumulate this step's flags on the device: no host synchronization."""
-        bad: Tensor | None = None
-        if self._loss_dev is not None:
-            bad = self._loss_dev.to(torch.int32) * _LOSS
-            self._loss_dev = None  # consumed (it accumulates over the micro-batches of the step)
-        for chunk, bit in ((peaks[:n_grads], _GRAD), (peaks[n_grads:], _PARAMS)):
-            if not chunk or (bit == _GRAD and self._has_scaler):
+        flags: list[Tensor] = []
+        for chunk, bit in ((self._losses, _LOSS), (grads, _GRAD), (params, _PARAMS)):
+            if not chunk or (bit == _GRAD and self._has_scaler) or (
+                    bit == _PARAMS and not self.check_params):
                 continue
-            flag = (~torch.isfinite(torch.stack([p.float() for p in chunk]).amax())).to(
-                torch.int32) * bit
-            bad = flag if bad is None else bad | flag
-        if bad is None:
+            peak = max_abs(chunk)
+            if peak is not None:
+                flags.append((~torch.isfinite(peak)).to(torch.int32) * bit)
+        self._losses = []
+        if not flags:
             return
+        bad = flags[0]
+        for flag in flags[1:]:
+            bad = bad | flag
         if self._bits is None or self._first_dev is None:
             self._bits = torch.zeros((), dtype=torch.int32, device=bad.device)
             self._first_dev = torch.full((), -1, dtype=torch.int64, device=bad.device)
@@ -715,8 +740,10 @@ class NonFiniteTracer(TriageCallback):
     @override
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for key in ("_batch", "_rng", "_cuda_rng", "_bits", "_first_dev", "_loss_dev", "_peaks"):
+        for key in ("_batch", "_rng", "_cuda_rng", "_bits", "_first_dev", "_peaks"):
             state[key] = None
+        state["_losses"] = []
+        state["_found"] = {}
         return state
 
 

@@ -69,6 +69,51 @@ def max_abs(tensors: Iterable[Tensor]) -> Tensor | None:
         return torch.stack([p.float() for p in peaks]).amax()
 
 
+def gradients_nonfinite(grads: Sequence[Tensor],
+                        buffers: dict[torch.device, tuple[Tensor, Tensor]] | None = None
+                        ) -> Tensor | None:
+    """A 1-element float tensor, > 0 when any gradient holds NaN/Inf (no host sync).
+
+    Uses the fused check of ``torch.amp.GradScaler``
+    (``torch._amp_foreach_non_finite_check_and_unscale_`` with a scale of exactly 1: one kernel
+    per device, each value rewritten in place as ``x * 1.0``, which is bit-identical), else
+    :func:`max_abs`. Meant for gradients, which may be written; ``None`` for no tensors.
+    ``buffers`` caches the per-device ``(found, one)`` tensors between calls: a raised
+    ``found`` stays raised (a flag accumulated on the device) until the caller zeroes it.
+
+    Example:
+        >>> grads = [torch.tensor([0.5, -2.0]), torch.tensor([float("-inf")])]
+        >>> float(gradients_nonfinite(grads)), grads[0].tolist()
+        (1.0, [0.5, -2.0])
+    """
+    items = [g for g in grads if g.numel() and g.is_floating_point()]
+    if not items:
+        return None
+    fused = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
+    by_device: dict[torch.device, list[Tensor]] = {}
+    for g in items:
+        by_device.setdefault(g.device, []).append(g)
+    flags: list[Tensor] = []
+    with torch.no_grad():
+        for device, group in by_device.items():
+            if fused is not None and not any(g.is_sparse for g in group):
+                cached = None if buffers is None else buffers.get(device)
+                if cached is None:
+                    cached = (torch.zeros(1, device=device), torch.ones(1, device=device))
+                    if buffers is not None:
+                        buffers[device] = cached
+                found, one = cached
+                fused(group, found, one)
+                flags.append(found)
+            else:
+                peak = max_abs(group)
+                flags.append((~torch.isfinite(peak)).float().reshape(1) if peak is not None
+                             else torch.zeros(1, device=device))
+        if len(flags) == 1:
+            return flags[0]
+        return torch.stack([f.to(flags[0].device) for f in flags]).amax().reshape(1)
+
+
 def all_finite(tensors: Iterable[Tensor]) -> Tensor | None:
     """Whether every value of every tensor is finite, as a 0-dim bool device tensor (no sync).
 
@@ -445,6 +490,7 @@ __all__ = [
     "all_finite",
     "dtype_max",
     "float_tensors",
+    "gradients_nonfinite",
     "localize_nonfinite",
     "max_abs",
     "nonfinite_examples",
