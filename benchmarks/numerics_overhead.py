@@ -19,7 +19,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -81,15 +81,19 @@ class NaiveFiniteHooks(Callback):
 
 
 class TimedTracer(NonFiniteTracer):
-    """The tracer with the time spent inside its per-step hooks accumulated (a load-robust view
-    of its own cost: the same process, the same moments)."""
+    """The tracer with the time spent inside its per-step hooks recorded per step: a view of its
+    own cost that is robust to other processes (medians of the same moments in one process)."""
 
-    spent = 0.0
+    per_step: ClassVar[list[float]] = []
 
     def _timed(self, name: str, *args: Any) -> None:
         start = time.perf_counter()
         getattr(super(), name)(*args)
-        TimedTracer.spent += time.perf_counter() - start
+        spent = time.perf_counter() - start
+        if name == "on_train_batch_start":
+            TimedTracer.per_step.append(spent)
+        else:
+            TimedTracer.per_step[-1] += spent
 
     def on_train_batch_start(self, *args: Any) -> None:
         self._timed("on_train_batch_start", *args)
@@ -104,19 +108,17 @@ class TimedTracer(NonFiniteTracer):
         self._timed("on_train_batch_end", *args)
 
 
-def hook_share(make_net: Callable[[], nn.Module], data: DataLoader) -> None:
-    """Time spent inside the tracer's hooks, per step and as a share of the fit's wall time."""
-    TimedTracer.spent = 0.0
+def hook_share(make_net: Callable[[], nn.Module], data: DataLoader, bare_step: float) -> None:
+    """Median time spent inside the tracer's hooks per step, against the bare step time."""
+    TimedTracer.per_step = []
     pl.seed_everything(0, verbose=False)
     trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False,
                          num_sanity_val_steps=0, callbacks=[TimedTracer(mode="sync")])
-    start = time.perf_counter()
     trainer.fit(Lit(make_net()), data)
-    total = time.perf_counter() - start
-    steps = len(data)
-    print(f"\ninside the tracer's hooks (sync): {1e6 * TimedTracer.spent / steps:.0f} us/step, "
-          f"{100 * TimedTracer.spent / total:.2f}% of the fit's wall time")
+    median = statistics.median(TimedTracer.per_step)
+    print(f"\ninside the tracer's hooks (sync): median {1e6 * median:.0f} us/step = "
+          f"{100 * median / bare_step:.2f}% of the bare step ({1e3 * bare_step:.2f} ms CPU)")
 
 
 CONFIGS: dict[str, Callable[[], tuple[list[Callback], dict[str, Any]]]] = {
@@ -161,7 +163,7 @@ def bench(name: str, make_net: Callable[[], nn.Module], data: DataLoader, repeat
         c, w = statistics.median(cpu[config]), statistics.median(wall[config])
         print(f"| {config} | {c:.3f} | {c / base_c:.3f} | {w:.3f} | {w / base_w:.3f} | "
               f"{1000 * c / steps:.2f} |")
-    hook_share(make_net, data)
+    hook_share(make_net, data, base_c / steps)
 
 
 def main() -> None:
