@@ -97,8 +97,8 @@ class NonFiniteTracer(TriageCallback):
     """Watch every training step for NaN/Inf and say exactly where the first one was born.
 
     **Detection** (every step, cheap, no per-module hooks): the loss (``on_before_backward``), the
-    gradients through one fused max-abs (``on_before_optimizer_step``, before the update, so the
-    weights are still finite) and, after the update, the parameters.
+    gradients through GradScaler's fused non-finite check (``on_before_optimizer_step``, before
+    the update, so the weights are still finite) and the parameters the updates write.
 
     **Localization** (only when a step goes non-finite, in ``"sync"`` mode): the step's batch
     (kept by reference from ``on_train_batch_start``) is replayed with the pre-step weights and
@@ -138,8 +138,9 @@ class NonFiniteTracer(TriageCallback):
         mode: ``"auto"``, ``"sync"`` or ``"deferred"``.
         check_every_n_steps: in deferred mode, read the device flags every this many optimizer
             steps.
-        check_params: check the parameters after each optimizer step (folded into the next
-            step's gradient reduction, and once at the end of training).
+        check_params: check the parameters the updates write: whenever the loss or the
+            gradients go non-finite, every ``check_every_n_steps`` steps and at the end of
+            training (sync mode); every step on the device (deferred mode).
         precision_replay: under a reduced precision, replay the failing step in float32.
         near_overflow_every_n_steps: sample module outputs every this many steps under a reduced
             precision (``None`` disables the sampling).
