@@ -439,7 +439,13 @@ class NonFiniteTracer(TriageCallback):
         needs_fp32 = (reduced is not None and self.precision_replay and not run.finite)
         if trainer.world_size > 1:
             needs_fp32 = bool(trainer.strategy.reduce_boolean_decision(needs_fp32, all=False))
-        ref = self._replay(trainer, pl_module, float32=True) if needs_fp32 else None
+        ref: Localization | None = None
+        if needs_fp32:
+            try:
+                ref = self._replay(trainer, pl_module, float32=True)
+            except Exception:  # code that insists on half precision: no float32 verdict
+                if self.strict:
+                    raise
         # under DDP a NaN born on one rank reaches every rank's gradients through the all-reduce:
         # a rank whose own replay is finite reports nothing when another rank localized it
         localized_somewhere = not run.finite
