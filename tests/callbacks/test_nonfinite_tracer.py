@@ -4,6 +4,7 @@ healthy runs (32, bf16-mixed, 16-true) must stay silent and unchanged."""
 from __future__ import annotations
 
 import json
+import math
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 
 from lightning_triage import NonFiniteTracer, Triage
@@ -404,6 +406,34 @@ def test_near_overflow_warns_before_fp16_overflows(tmp_path: Path) -> None:
     assert near[0].layer == "net.1"
     assert 0.25 < near[0].evidence["ratio"] < 1.0
     assert not {"numerics.precision_overflow", "numerics.nonfinite_forward"} & codes(tracer.findings)
+
+
+def scaler_plugin(init_scale: float) -> tuple[MixedPrecision, torch.amp.GradScaler]:
+    """fp16 autocast with a real GradScaler on CPU (what `16-mixed` does on a GPU)."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    return MixedPrecision("16-mixed", "cpu", scaler=scaler), scaler
+
+
+def test_gradient_scaler_skips_are_not_findings(tmp_path: Path) -> None:
+    # a scale of 2**40 overflows the fp16 gradients: the scaler skips and halves it each time
+    plugin, scaler = scaler_plugin(2.0**40)
+    pl.seed_everything(0)
+    _, tracer = fit(tmp_path, Classifier(), data(), plugins=[plugin])
+    assert stage_codes(tracer.findings, "numerics") == set()
+    assert tracer.scaler_skips == round(math.log2(2.0**40 / scaler.get_scale())) > 0
+    assert "gradient-scaler skip" in tracer.check_status()["detail"]
+
+
+def test_nan_input_under_a_gradient_scaler_is_still_found(tmp_path: Path) -> None:
+    def edit(x: Tensor, y: Tensor) -> None:
+        x[at(2, 0), 0] = float("nan")
+
+    plugin, _ = scaler_plugin(2.0**8)
+    pl.seed_everything(0)
+    _, tracer = fit(tmp_path, Classifier(), data(edit=edit), plugins=[plugin])
+    forward = only(tracer.findings, "numerics.nonfinite_forward")
+    assert (forward.global_step, forward.layer) == (2, "net.0")
+    assert tracer.scaler_skips == 0
 
 
 def test_zero_interference(tmp_path: Path) -> None:
