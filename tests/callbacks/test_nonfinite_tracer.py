@@ -436,12 +436,13 @@ def test_nan_input_under_a_gradient_scaler_is_still_found(tmp_path: Path) -> Non
     assert tracer.scaler_skips == 0
 
 
-def test_zero_interference(tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["32-true", "16-true"])
+def test_zero_interference(tmp_path: Path, precision: str) -> None:
     def run(callbacks: list[Any]) -> list[Tensor]:
         pl.seed_everything(0)
         model = Classifier(nn.Sequential(nn.Linear(N_FEATURES, 16), nn.Dropout(0.2), nn.ReLU(),
                                          nn.Linear(16, N_CLASSES)))
-        trainer = make_trainer(tmp_path, callbacks, limit_train_batches=6)
+        trainer = make_trainer(tmp_path, callbacks, limit_train_batches=6, precision=precision)
         trainer.fit(model, data())
         return [p.detach().clone() for p in model.parameters()]
 
