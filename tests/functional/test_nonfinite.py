@@ -12,6 +12,7 @@ from lightning_triage.functional.nonfinite import (
     all_finite,
     dtype_max,
     float_tensors,
+    gradients_nonfinite,
     localize_nonfinite,
     max_abs,
     nonfinite_examples,
@@ -159,4 +160,21 @@ def test_float16_overflow_is_inf_in_the_first_module_past_range() -> None:
     assert where.dtype_by_layer["1"] == "float16"
     ref = localize_nonfinite(net.float(), lambda: net(x.float()).sum(), backward=False)
     assert ref.finite
-    assert ref.max_abs_by_layer["1"] == pytest.approx(80000.0 + abs(float(net[1].bias[0])), rel=0.01)
+    assert ref.max_abs_by_layer["1"] == pytest.approx(80000.0 + abs(float(net[1].bias[0].detach())), rel=0.01)
+
+
+def test_gradients_nonfinite_is_bit_identical_and_accumulates_in_its_buffer() -> None:
+    grads = [torch.tensor([1e-40, -0.0, 3.0]), torch.tensor([65504.0, -1e-7]).half(),
+             torch.tensor([0.1], dtype=torch.bfloat16)]
+    before = [g.clone() for g in grads]
+    buffers: dict[torch.device, tuple[Tensor, Tensor]] = {}
+    flag = gradients_nonfinite(grads, buffers)
+    assert flag is not None
+    assert float(flag) == 0.0
+    assert all(torch.equal(a, b) and torch.equal(a.signbit(), b.signbit())
+               for a, b in zip(grads, before, strict=True))
+    bad = [torch.tensor([-math.inf])]
+    assert float(gradients_nonfinite(bad, buffers)) > 0
+    # the cached flag stays raised (a device-side accumulator) until the caller clears it
+    assert float(gradients_nonfinite(grads, buffers)) > 0
+    assert gradients_nonfinite([]) is None
