@@ -3,14 +3,14 @@
 Example:
     >>> from lightning.pytorch import Trainer
     >>> from lightning_triage import Triage
-    >>> trainer = Trainer(callbacks=[Triage()])
-"""
+    >>> trainer = Trainer(callbacks=[Triage()])"""
 
 from lightning_triage.callbacks import (
     BatchInspector,
     EvalModeCheck,
     GradientWiringCheck,
     InitialLossCheck,
+    NonFiniteTracer,
     OverfitBatchCheck,
     StructureProbe,
     Triage,
@@ -33,6 +33,7 @@ __all__ = [
     "Finding",
     "GradientWiringCheck",
     "InitialLossCheck",
+    "NonFiniteTracer",
     "OverfitBatchCheck",
     "StructureProbe",
     "Triage",

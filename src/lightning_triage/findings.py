@@ -194,6 +194,9 @@ _SPECS: tuple[CodeSpec, ...] = (
           "Keep the named layer in float32 (autocast disabled), rescale it, or use bf16."),
     _spec("numerics.near_overflow", "warning", "Activations approach the dtype's limit",
           "Rescale the layer or keep it in float32 before it overflows."),
+    _spec("numerics.nonfinite_detected", "error", "A NaN/Inf was detected but not localized",
+          "Run with `NonFiniteTracer(mode='sync')` (or `Triage(numerics_mode='sync')`) so the "
+          "failing step is replayed and the first module, gradient or loss computation is named."),
     # meta
     _spec("triage.check_error", "warning", "A triage check failed internally and was disabled",
           "The training run was not affected. Please report it with the evidence; pass "

@@ -1,5 +1,4 @@
-"""Lightning callbacks: one per protocol concern, the report, and the ``Triage`` bundle.
-"""
+"""Lightning callbacks: one per protocol concern, the report, and the ``Triage`` bundle."""
 
 from lightning_triage.callbacks.base import (
     TriageCallback,
@@ -15,6 +14,9 @@ from lightning_triage.callbacks.gradient_wiring import (
 )
 from lightning_triage.callbacks.initial_loss import (
     InitialLossCheck,
+)
+from lightning_triage.callbacks.nonfinite_tracer import (
+    NonFiniteTracer,
 )
 from lightning_triage.callbacks.overfit_batch import (
     OverfitBatchCheck,
@@ -34,6 +36,7 @@ __all__ = [
     "EvalModeCheck",
     "GradientWiringCheck",
     "InitialLossCheck",
+    "NonFiniteTracer",
     "OverfitBatchCheck",
     "StructureProbe",
     "Triage",

@@ -18,6 +18,7 @@ from lightning_triage.callbacks.batch_inspector import BatchInspector
 from lightning_triage.callbacks.eval_mode import EvalModeCheck
 from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
 from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
+from lightning_triage.callbacks.nonfinite_tracer import Mode, NonFiniteTracer, OnNonFinite
 from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
@@ -53,6 +54,13 @@ class Triage(Callback):
         overfit_steps: most steps of the overfit probe.
         overfit_budget: seconds the overfit probe may take (skipped when a step says it
             would not fit).
+        on_nonfinite: what :class:`NonFiniteTracer` does when a step goes NaN/Inf: ``"stop"``
+            (report, drop the step's update, stop fit), ``"skip"`` (drop it and go on) or
+            ``"warn"`` (report only).
+        numerics_mode: ``"auto"`` (sync on CPU, deferred on accelerators), ``"sync"`` (check and
+            localize every step; one host sync per step on GPU) or ``"deferred"`` (flags stay on
+            the device, read every ``numerics_check_every_n_steps`` steps, no localization).
+        numerics_check_every_n_steps: how often deferred mode reads its device flags.
 
     Raises:
         ValueError: for an unknown ``task`` or ``num_classes < 2``, or overfit arguments out
@@ -89,6 +97,9 @@ class Triage(Callback):
         overfit_steps: int = 300,
         overfit_budget: float = 5.0,
         forward_fn: ForwardFn | None = None,
+        on_nonfinite: OnNonFinite = "stop",
+        numerics_mode: Mode = "auto",
+        numerics_check_every_n_steps: int = 50,
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -113,6 +124,9 @@ class Triage(Callback):
             batch_size=overfit_batch_size, max_steps=overfit_steps, time_budget=overfit_budget,
             min_steps=min(30, overfit_steps), task=task, num_classes=num_classes, strict=strict)
         self.forward_fn = forward_fn
+        self.on_nonfinite = on_nonfinite
+        self.numerics_mode = numerics_mode
+        self.numerics_check_every_n_steps = numerics_check_every_n_steps
         self.input_key = input_key
         self.target_key = target_key
         self.checks: list[TriageCallback] = [
@@ -125,6 +139,8 @@ class Triage(Callback):
             StructureProbe(causal=True if causal else None, forward_fn=forward_fn,
                            input_key=input_key, target_key=target_key, strict=strict),
             EvalModeCheck(strict=strict),
+            NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
+                            check_every_n_steps=numerics_check_every_n_steps, strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
 

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from lightning_triage.callbacks.triage import Triage
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
+from lightning_triage.demo.numerics import log_softmax_scenario
 from lightning_triage.demo.sequences import TinyLM, random_token_loaders
 from lightning_triage.demo.wiring import DetachedEncoderMLP
 
@@ -73,6 +74,9 @@ SCENARIOS: list[Scenario] = [
              "mask shows the future (no `causal` argument: the next-token data says it must be "
              "causal); its loss falls far below ln 16 = 2.77", "structure.causal_leak",
              _future_mask_lm),
+    Scenario("log-softmax-loss", "the MLP trained with a hand-written `-log(softmax(z))` loss, "
+             "SGD lr 2.0: the logits spread until the softmax underflows to 0",
+             "numerics.nonfinite_loss", log_softmax_scenario, max_epochs=3),
 ]
 
 

@@ -1,5 +1,4 @@
-"""The functional core: pure functions over tensors and numbers, no Trainer needed.
-"""
+"""The functional core: pure functions over tensors and numbers, no Trainer needed."""
 
 from lightning_triage.functional.batch import (
     BatchLayout,
@@ -41,6 +40,17 @@ from lightning_triage.functional.hooks import (
 )
 from lightning_triage.functional.mode import (
     mode_sensitive_in_training,
+)
+from lightning_triage.functional.nonfinite import (
+    Localization,
+    TensorStats,
+    all_finite,
+    dtype_max,
+    localize_nonfinite,
+    max_abs,
+    nonfinite_examples,
+    overflow_ratio,
+    tensor_stats,
 )
 from lightning_triage.functional.overfit import (
     CurveVerdict,
@@ -86,11 +96,14 @@ __all__ = [
     "FeatureMoments",
     "FingerprintStore",
     "LabelSignal",
+    "Localization",
     "LossWatch",
     "ModuleGroup",
     "OutputChange",
+    "TensorStats",
     "TensorSummary",
     "WiringResult",
+    "all_finite",
     "analyze_wiring",
     "batch_fingerprint",
     "batch_mixing",
@@ -106,6 +119,7 @@ __all__ = [
     "compare_to_chance",
     "constant_across_batch",
     "describe_groups",
+    "dtype_max",
     "duplicate_stats",
     "example_fingerprints",
     "group_by_module",
@@ -115,11 +129,15 @@ __all__ = [
     "is_next_token",
     "judge_curve",
     "label_signal",
+    "localize_nonfinite",
     "locate_batch",
+    "max_abs",
     "mode_sensitive_in_training",
     "multiclass_chance",
     "near_zero_target",
+    "nonfinite_examples",
     "output_change",
+    "overflow_ratio",
     "plateaued",
     "prior_entropy",
     "probability_floor",
@@ -131,4 +149,5 @@ __all__ = [
     "split_batch",
     "summarize_tensor",
     "target_range",
+    "tensor_stats",
 ]
