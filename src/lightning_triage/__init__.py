@@ -6,7 +6,14 @@ Example:
     >>> trainer = Trainer(callbacks=[Triage()])
 """
 
-from lightning_triage.callbacks import InitialLossCheck, Triage, TriageCallback, TriageReport
+from lightning_triage.callbacks import (
+    GradientMonitor,
+    InitialLossCheck,
+    LossCurveMonitor,
+    Triage,
+    TriageCallback,
+    TriageReport,
+)
 from lightning_triage.findings import CODES, STAGES, Finding
 
 __version__ = "0.1.0.dev0"
@@ -15,7 +22,9 @@ __all__ = [
     "CODES",
     "STAGES",
     "Finding",
+    "GradientMonitor",
     "InitialLossCheck",
+    "LossCurveMonitor",
     "Triage",
     "TriageCallback",
     "TriageReport",

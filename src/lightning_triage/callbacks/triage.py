@@ -14,7 +14,9 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback
+from lightning_triage.callbacks.gradient_monitor import GradientMonitor, OnSpike
 from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
+from lightning_triage.callbacks.loss_curve import LossCurveMonitor
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.functional.chance import Task
 
@@ -34,6 +36,11 @@ class Triage(Callback):
         causal: the model must not look at future positions (enables the causal probe).
         strict: raise internal errors of checks instead of disabling them (for tests).
         verbose: print the report summary at the end of fit.
+        window_epochs: epochs of the first-epochs window of the curve and gradient monitors
+            (the window is the longer of ``window_epochs`` and ``window_steps``).
+        window_steps: optimizer steps of that window.
+        watch: keep watching loss and gradient norms for spikes after the window.
+        on_spike: ``"warn"`` or ``"skip"`` (zero the gradients of a step whose norm spikes).
 
     Raises:
         ValueError: for an unknown ``task`` or ``num_classes < 2``.
@@ -62,6 +69,10 @@ class Triage(Callback):
         causal: bool = False,
         strict: bool = False,
         verbose: bool = True,
+        window_epochs: int = 2,
+        window_steps: int = 200,
+        watch: bool = True,
+        on_spike: OnSpike = "warn",
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -70,8 +81,16 @@ class Triage(Callback):
         self.causal = causal
         self.strict = strict
         self.verbose = verbose
+        self.window_epochs = window_epochs
+        self.window_steps = window_steps
+        self.watch = watch
+        self.on_spike = on_spike
         self.checks: list[TriageCallback] = [
             InitialLossCheck(task=task, num_classes=num_classes, strict=strict),
+            LossCurveMonitor(task=task, num_classes=num_classes, window_epochs=window_epochs,
+                             window_steps=window_steps, watch=watch, strict=strict),
+            GradientMonitor(window_epochs=window_epochs, window_steps=window_steps, watch=watch,
+                            on_spike=on_spike, strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
 

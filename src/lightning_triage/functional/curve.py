@@ -310,7 +310,7 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
     noise = float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / math.sqrt(2)) \
         if diffs.size else 0.0
     slope, t = _slope_t(x)
-    last_half_slope, last_half_t = _slope_t(x[n // 2:])
+    _last_half_slope, last_half_t = _slope_t(x[n // 2:])
     v = np.array([val for _, val in vals]) if vals else np.array([])
     ev: dict[str, Any] = {
         "steps": n, "step0": step0, "start": start, "end": end, "progress": progress,

@@ -1,7 +1,8 @@
 """Spike and divergence detection over a stream of numbers, with bounded memory.
 
 :class:`SpikeWatch` keeps robust running statistics of a series (the median, and a spread
-from the median absolute deviation and the upper tail, of a ring of recent accepted values) and reports, step by step:
+from the median absolute deviation and the upper tail, of a ring of recent accepted values)
+and reports, step by step:
 
 - ``"spike"``: a value far above the running level (``value > level + z * spread``,
   ``value > ratio * level`` and ``value - level > min_jump``); the spike is not added to the
