@@ -26,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -100,7 +99,7 @@ class SpikeWatch:
         ValueError: for non-positive sizes or thresholds.
     """
 
-    def __init__(self, *, window: int = 64, warmup: int = 16, refresh: int = 8, z: float = 8.0,
+    def __init__(self, *, window: int = 128, warmup: int = 16, refresh: int = 32, z: float = 8.0,
                  ratio: float = 2.0, min_jump: float = 0.0, patience: int = 8,
                  min_spread_frac: float = 0.01) -> None:
         for name, value in (("window", window), ("warmup", warmup), ("refresh", refresh),
@@ -109,10 +108,11 @@ class SpikeWatch:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
         if warmup > window:
             raise ValueError(f"`warmup` ({warmup}) must be <= `window` ({window}).")
-        if not z > 0 or not ratio >= 1 or not min_jump >= 0 or not min_spread_frac >= 0:
-            raise ValueError(f"Need z > 0, ratio >= 1, min_jump >= 0, min_spread_frac >= 0; got "
-                             f"z={z!r}, ratio={ratio!r}, min_jump={min_jump!r}, "
-                             f"min_spread_frac={min_spread_frac!r}.")
+        for name, value, ok in (("z", z, z > 0), ("ratio", ratio, ratio >= 1),
+                                ("min_jump", min_jump, min_jump >= 0),
+                                ("min_spread_frac", min_spread_frac, min_spread_frac >= 0)):
+            if not ok:
+                raise ValueError(f"`{name}` must be {'> 0' if name == 'z' else '>= 1' if name == 'ratio' else '>= 0'}, got {value!r}.")
         self.window = window
         self.warmup = warmup
         self.refresh = refresh
@@ -125,7 +125,9 @@ class SpikeWatch:
 
     def reset(self) -> None:
         """Forget everything (a fresh baseline)."""
-        self.ring: deque[float] = deque(maxlen=self.window)
+        self._buf = np.zeros(self.window, dtype=np.float64)
+        self._filled = 0
+        self._pos = 0
         self.step = 0  # the step of the next value
         self.accepted = 0  # values accepted since the last rebuild
         self.level = math.nan
@@ -150,20 +152,45 @@ class SpikeWatch:
         return max(self.level + self.z * spread, self.ratio * self.level if self.level > 0
                    else -math.inf, self.level + self.min_jump)
 
-    def _refresh(self) -> None:
-        ring = np.fromiter(self.ring, dtype=np.float64)
-        self.level, mad_spread = robust_level(ring)
-        # heavy right tails (small noisy batches): the upper quantile widens the spread
-        tail = (float(np.quantile(ring, 0.95)) - self.level) / 1.645 if ring.size else 0.0
-        self.spread = max(mad_spread, tail)
-        self._since_refresh = 0
+    @property
+    def ring(self) -> np.ndarray:
+        """The accepted values the baseline is computed from (oldest first)."""
+        if self._filled < self.window:
+            return self._buf[: self._filled].copy()
+        return np.concatenate([self._buf[self._pos:], self._buf[: self._pos]])
 
-    def _accept(self, value: float) -> None:
-        self.ring.append(value)
-        self.accepted += 1
-        self._since_refresh += 1
+    def _refresh(self) -> None:
+        ring = self._buf[: self._filled]
+        n = ring.size
+        self._since_refresh = 0
+        if n == 0:
+            self.level, self.spread = math.nan, 0.0
+            return
+        lo, hi, q = (n - 1) // 2, n // 2, min(n - 1, int(math.ceil(0.95 * (n - 1))))
+        part = np.partition(ring, sorted({lo, hi, q}))
+        self.level = 0.5 * (float(part[lo]) + float(part[hi]))
+        dev = np.abs(ring - self.level)
+        dpart = np.partition(dev, sorted({lo, hi}))
+        mad_spread = MAD_TO_STD * 0.5 * (float(dpart[lo]) + float(dpart[hi]))
+        # heavy right tails (small noisy batches): the upper quantile widens the spread
+        tail = (float(part[q]) - self.level) / 1.645
+        self.spread = max(mad_spread, tail)
+
+    def _accept_many(self, values: np.ndarray) -> None:
+        """Accept values that do not cross a refresh point or the end of the warmup."""
+        if values.size == 1:
+            self._buf[self._pos] = values[0]
+        else:
+            self._buf[(self._pos + np.arange(values.size)) % self.window] = values
+        self._pos = (self._pos + values.size) % self.window
+        self._filled = min(self.window, self._filled + values.size)
+        self.accepted += values.size
+        self._since_refresh += values.size
         if self._since_refresh >= self.refresh or self.accepted == self.warmup:
             self._refresh()
+
+    def _accept(self, value: float) -> None:
+        self._accept_many(np.array([value]))
 
     # ------------------------------------------------------------------ updates
     def update(self, values: Sequence[float] | np.ndarray, start_step: int | None = None
@@ -188,8 +215,8 @@ class SpikeWatch:
             bad = ~np.isfinite(block) | (block > self.threshold())
             if bad.any():
                 n = int(np.argmax(bad))  # values before the first outlier are all accepted
-            for v in block[:n]:
-                self._accept(float(v))
+            if n:
+                self._accept_many(block[:n])
             self.step += n
             i += n
             if n < block.size:
@@ -228,7 +255,7 @@ class SpikeWatch:
                                      self.spread, self._ratio(med), step))
             # the level moved: rebuild the baseline from the new values
             outliers = self._outliers
-            self.ring.clear()
+            self._filled = self._pos = 0
             self.accepted = 0
             self._outliers = []
             for v in outliers:
@@ -242,7 +269,7 @@ class SpikeWatch:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Plain picklable state (a resumed run keeps its baseline)."""
-        return {"ring": list(self.ring), "step": self.step, "accepted": self.accepted,
+        return {"ring": self.ring.tolist(), "step": self.step, "accepted": self.accepted,
                 "level": self.level, "spread": self.spread, "since_refresh": self._since_refresh,
                 "outliers": list(self._outliers), "outlier_start": self._outlier_start,
                 "in_nonfinite": self._in_nonfinite, "counts": dict(self.counts)}
@@ -250,7 +277,10 @@ class SpikeWatch:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (missing keys keep their defaults)."""
         self.reset()
-        self.ring.extend(float(v) for v in state.get("ring", []))
+        ring = np.asarray(state.get("ring", []), dtype=np.float64)[-self.window:]
+        self._buf[: ring.size] = ring
+        self._filled = ring.size
+        self._pos = ring.size % self.window
         self.step = int(state.get("step", 0))
         self.accepted = int(state.get("accepted", len(self.ring)))
         self.level = float(state.get("level", math.nan))
@@ -263,7 +293,7 @@ class SpikeWatch:
 
     def state_size(self) -> int:
         """How many numbers the state holds (bounded by ``window + patience + a few``)."""
-        return len(self.ring) + len(self._outliers) + len(self.counts) + 8
+        return self._filled + len(self._outliers) + len(self.counts) + 8
 
 
 def detect_spikes(values: Sequence[float] | np.ndarray, *, steps: Sequence[int] | None = None,
