@@ -325,7 +325,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                 outputs: STEP_OUTPUT, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
-        if trainer.sanity_checking or self.window_closed or dataloader_idx != 0:
+        if trainer.sanity_checking or dataloader_idx != 0:
             return
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, Tensor) and loss.numel() == 1:
@@ -349,7 +349,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     @override
     @guarded
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or self.window_closed or trainer.global_step == 0:
+        if trainer.sanity_checking or trainer.global_step == 0:
             return
         if self._val_sum is not None and self._val_n:
             value: float | None = float(self._val_sum) / self._val_n
@@ -359,8 +359,10 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         if value is None:
             return
         step = trainer.global_step - 1
-        self.val.append((step, value))
         self.val_series.append(step, value)
+        if self.window_closed:
+            return
+        self.val.append((step, value))
         self._flush(trainer)
         if not self.window_closed:
             self._report(trainer, self._classify(final=False), after_window=False)

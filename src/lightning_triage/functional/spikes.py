@@ -1,8 +1,8 @@
 """Spike and divergence detection over a stream of numbers, with bounded memory.
 
-:class:`SpikeWatch` keeps robust running statistics of a series (the median, and a spread
-from the median absolute deviation and the upper tail, of a ring of recent accepted values)
-and reports, step by step:
+:class:`SpikeWatch` keeps robust running statistics of a series over a ring of recent accepted
+values (the level: the median of the most recent ones; the spread: from the step-to-step
+differences, so a falling curve does not inflate it) and reports, step by step:
 
 - ``"spike"``: a value far above the running level (``value > level + z * spread``,
   ``value > ratio * level`` and ``value - level > min_jump``); the spike is not added to the
@@ -47,8 +47,9 @@ class SpikeEvent:
         step: the step of the event (the first outlier step for ``"sustained"``).
         value: the value at that step (for ``"sustained"``: the median of the outliers).
         level: the running median before the event.
-        spread: the robust spread before the event: the larger of the MAD scaled to a
-            standard deviation and ``(q95 - median) / 1.645`` (heavy-tailed noise).
+        spread: the robust spread before the event, from the step-to-step differences of the
+            baseline values: the larger of their MAD and their 95th percentile, both scaled to
+            a standard deviation of the values (the upper tail covers heavy-tailed noise).
         ratio: ``value / level`` (``inf`` for a zero level or a non-finite value).
         confirmed_step: the step at which the event was decided (``step + patience - 1`` for
             ``"sustained"``, ``step`` otherwise).
@@ -121,6 +122,7 @@ class SpikeWatch:
         self.min_jump = min_jump
         self.patience = patience
         self.min_spread_frac = min_spread_frac
+        self.level_span = min(32, window)
         self.reset()
 
     def reset(self) -> None:
@@ -160,20 +162,28 @@ class SpikeWatch:
         return np.concatenate([self._buf[self._pos:], self._buf[: self._pos]])
 
     def _refresh(self) -> None:
-        ring = self._buf[: self._filled]
+        ring = self.ring  # oldest first
         n = ring.size
         self._since_refresh = 0
         if n == 0:
             self.level, self.spread = math.nan, 0.0
             return
-        lo, hi, q = (n - 1) // 2, n // 2, min(n - 1, int(math.ceil(0.95 * (n - 1))))
-        part = np.partition(ring, sorted({lo, hi, q}))
-        self.level = 0.5 * (float(part[lo]) + float(part[hi]))
-        dev = np.abs(ring - self.level)
-        dpart = np.partition(dev, sorted({lo, hi}))
-        mad_spread = MAD_TO_STD * 0.5 * (float(dpart[lo]) + float(dpart[hi]))
-        # heavy right tails (small noisy batches): the upper quantile widens the spread
-        tail = (float(part[q]) - self.level) / 1.645
+        # the level: median of the most recent values (tracks a falling curve)
+        self.level = float(np.median(ring[-self.level_span:]))
+        if n < 3:
+            self.spread = 0.0
+            return
+        # the spread from step-to-step differences: insensitive to the trend of the curve;
+        # the upper tail of |diff| widens it for heavy-tailed noise (small noisy batches)
+        d = np.diff(ring)
+        m = d.size
+        lo, hi, q = (m - 1) // 2, m // 2, min(m - 1, math.ceil(0.95 * (m - 1)))
+        dmed = 0.5 * float(np.sum(np.partition(d, (lo, hi))[[lo, hi]]))
+        dev = np.abs(d - dmed)
+        mad_spread = MAD_TO_STD * 0.5 * float(np.sum(np.partition(dev, (lo, hi))[[lo, hi]])) \
+            / math.sqrt(2)
+        absd = np.abs(d)
+        tail = float(np.partition(absd, q)[q]) / (1.96 * math.sqrt(2))
         self.spread = max(mad_spread, tail)
 
     def _accept_many(self, values: np.ndarray) -> None:
