@@ -164,3 +164,77 @@ def test_recurrent_lm_explodes_after_the_window_grad_spike_first(tmp_path: Path)
     assert any(g.global_step < s <= g.global_step + 5 for s in loss_spikes)
     assert g.evidence["suggested_clip"] is not None and g.evidence["suggested_clip"] < g.evidence["norm"]
     assert g.layer is not None
+
+
+class BadBatchMLP(DigitsMLP):
+    """Plain SGD MLP whose inputs are multiplied by 1000 at one late step; keeps the weights
+    after the steps around it."""
+
+    def __init__(self, bad_step: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bad_step = bad_step
+        self.snaps: dict[int, Tensor] = {}
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        if self.global_step == self.bad_step:
+            x = x * 1000.0
+        return F.cross_entropy(self(x), y)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.global_step in (self.bad_step, self.bad_step + 1):  # after steps bad-1, bad
+            self.snaps[self.global_step] = self.net[0].weight.detach().clone()
+
+
+@pytest.mark.parametrize("on_spike", ["warn", "skip"])
+def test_skip_action_zeroes_the_spiking_update(tmp_path: Path, on_spike: str) -> None:
+    cb = GradientMonitor(window_epochs=0, window_steps=30, flush_every=10, on_spike=on_spike,
+                         strict=True)
+    model = BadBatchMLP(bad_step=50, lr=0.1)
+    fit(tmp_path, model, [cb], max_epochs=5)
+    spikes = [f for f in cb.findings if f.code == "grad.spike"]
+    assert [f.global_step for f in spikes] == [50]
+    assert spikes[0].evidence["after_window"] is True and spikes[0].evidence["ratio"] > 100
+    unchanged = torch.equal(model.snaps[50], model.snaps[51])
+    if on_spike == "skip":
+        assert unchanged and cb.skipped_steps == 1
+        assert "1 step(s) skipped" in cb.check_status()["detail"]
+    else:
+        assert not unchanged and cb.skipped_steps == 0
+
+
+def test_state_round_trip_keeps_the_watch_baseline(tmp_path: Path) -> None:
+    cb = GradientMonitor(window_epochs=0, window_steps=10, flush_every=5, strict=True)
+    trainer = fit(tmp_path, DigitsMLP(lr=0.1), [cb])
+    ckpt = tmp_path / "g.ckpt"
+    trainer.save_checkpoint(ckpt)
+    state = torch.load(ckpt, weights_only=False)["callbacks"][cb.state_key]
+    resumed = GradientMonitor(window_epochs=0, window_steps=10, flush_every=5, strict=True)
+    resumed.load_state_dict(state)
+    assert resumed.window_closed
+    assert resumed.watcher.level == cb.watcher.level and resumed.watcher.step == 30
+    assert resumed.series() == cb.series()
+
+
+def test_resumed_fit_continues_the_watch(tmp_path: Path) -> None:
+    cb = GradientMonitor(window_epochs=0, window_steps=10, flush_every=5, strict=True)
+    trainer = fit(tmp_path, DigitsMLP(lr=0.1), [cb])
+    ckpt = tmp_path / "g.ckpt"
+    trainer.save_checkpoint(ckpt)
+    resumed = GradientMonitor(window_epochs=0, window_steps=10, flush_every=5, strict=True)
+    pl.seed_everything(0, verbose=False)
+    train, _ = digits_loaders()
+    trainer2 = make_trainer(tmp_path, [resumed], limit_train_batches=15, max_epochs=3,
+                            limit_val_batches=0)
+    trainer2.fit(DigitsMLP(lr=0.1), train, ckpt_path=str(ckpt))
+    assert resumed.window_closed and resumed.watcher.step == 45
+    assert [s for s, _ in resumed.series()["grad_norm"]] == list(range(45))
+    assert resumed.findings == []
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"on_spike": "stop"}, "on_spike"), ({"ratio_every": 0}, "ratio_every"),
+    ({"window_steps": 0}, "window_steps"), ({"watch": 1}, "watch")])
+def test_invalid_arguments_name_the_argument(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        GradientMonitor(**kwargs)
