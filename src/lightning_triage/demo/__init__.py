@@ -45,6 +45,10 @@ SCENARIOS: list[Scenario] = [
              "no problems", _digits(lr=0.1)),
     Scenario("scaled-logits", "the same MLP with its logits multiplied by 100",
              "init.loss_above_chance", _digits(lr=0.1, logit_scale=100.0)),
+    Scenario("lr-50", "the same MLP trained with SGD at lr 50 (the loss overflows in a few steps)",
+             "curve.diverging", _digits(lr=50.0)),
+    Scenario("lr-good", "the same MLP at a good learning rate (Adam, lr 3e-3)",
+             "no problems (curve.healthy)", _digits(lr=3e-3, optimizer="adam")),
 ]
 
 
