@@ -74,7 +74,8 @@ def test_deep_sigmoid_mlp_vanishes(tmp_path: Path) -> None:
     fit(tmp_path, Net(deep(nn.Sigmoid, depth=10)), [cb])
     assert "grad.vanishing" in gcodes(cb)
     f = next(f for f in cb.findings if f.code == "grad.vanishing")
-    assert f.layer == "net.0" and f.evidence["ratio"] < 1e-3
+    assert f.layer == "net.0"
+    assert f.evidence["ratio"] < 1e-3
 
 
 def test_deep_stack_initialized_too_large_explodes(tmp_path: Path) -> None:
@@ -83,7 +84,8 @@ def test_deep_stack_initialized_too_large_explodes(tmp_path: Path) -> None:
     fit(tmp_path, Net(deep(nn.ReLU, depth=10, gain=2.5), lr=0.01), [cb])
     assert gcodes(cb)[0] == "grad.exploding"
     f = cb.findings[0]
-    assert f.global_step is not None and f.global_step < 10
+    assert f.global_step is not None
+    assert f.global_step < 10
     assert f.evidence["median_before"] > 1e3  # norms in the thousands before they overflowed
 
 
@@ -95,7 +97,8 @@ def test_relu_units_pushed_below_zero_are_dead(tmp_path: Path) -> None:
     cb = GradientMonitor(window_epochs=1, window_steps=20, strict=True)
     fit(tmp_path, Net(net), [cb])
     dead = [f for f in cb.findings if f.code == "grad.dead_units"]
-    assert len(dead) == 1 and dead[0].layer == "net.0"
+    assert len(dead) == 1
+    assert dead[0].layer == "net.0"
     assert dead[0].evidence["layers"]["net.0"] == {"dead": 24, "units": 32}
 
 
@@ -110,11 +113,11 @@ def test_lr_zero_update_ratio_far_below(tmp_path: Path) -> None:
 V = 16
 
 
-def lag_language(n: int = 2048, T: int = 32, lag: int = 8, seed: int = 0) -> tuple[Tensor, Tensor]:
+def lag_language(n: int = 2048, length: int = 32, lag: int = 8, seed: int = 0) -> tuple[Tensor, Tensor]:
     """Random tokens where each token after the first `lag` is (token `lag` back) + 1 mod V."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, V, (n, T + 1), generator=g)
-    for t in range(lag, T + 1):
+    x = torch.randint(0, V, (n, length + 1), generator=g)
+    for t in range(lag, length + 1):
         x[:, t] = (x[:, t - lag] + 1) % V
     return x[:, :-1], x[:, 1:]
 
@@ -155,14 +158,16 @@ def test_recurrent_lm_explodes_after_the_window_grad_spike_first(tmp_path: Path)
     print([(f.code, f.global_step, f.evidence.get("ratio")) for f in late_loss + late_grad])
     loss_spikes = [f.global_step for f in late_loss if f.code == "curve.loss_spike"]
     grad_spikes = [f for f in late_grad if f.code == "grad.spike"]
-    assert loss_spikes and grad_spikes
+    assert loss_spikes
+    assert grad_spikes
     followed = [g for g in grad_spikes if g.evidence["loss_spike_followed"]]
     assert followed, [g.evidence for g in grad_spikes]
     g = followed[0]
     # the gradient spike came first, the loss spike a few steps later, both after the window
-    assert 100 <= g.global_step
+    assert g.global_step >= 100
     assert any(g.global_step < s <= g.global_step + 5 for s in loss_spikes)
-    assert g.evidence["suggested_clip"] is not None and g.evidence["suggested_clip"] < g.evidence["norm"]
+    assert g.evidence["suggested_clip"] is not None
+    assert g.evidence["suggested_clip"] < g.evidence["norm"]
     assert g.layer is not None
 
 
@@ -194,13 +199,16 @@ def test_skip_action_zeroes_the_spiking_update(tmp_path: Path, on_spike: str) ->
     fit(tmp_path, model, [cb], max_epochs=5)
     spikes = [f for f in cb.findings if f.code == "grad.spike"]
     assert [f.global_step for f in spikes] == [50]
-    assert spikes[0].evidence["after_window"] is True and spikes[0].evidence["ratio"] > 100
+    assert spikes[0].evidence["after_window"] is True
+    assert spikes[0].evidence["ratio"] > 100
     unchanged = torch.equal(model.snaps[50], model.snaps[51])
     if on_spike == "skip":
-        assert unchanged and cb.skipped_steps == 1
+        assert unchanged
+        assert cb.skipped_steps == 1
         assert "1 step(s) skipped" in cb.check_status()["detail"]
     else:
-        assert not unchanged and cb.skipped_steps == 0
+        assert not unchanged
+        assert cb.skipped_steps == 0
 
 
 def test_state_round_trip_keeps_the_watch_baseline(tmp_path: Path) -> None:
@@ -212,7 +220,8 @@ def test_state_round_trip_keeps_the_watch_baseline(tmp_path: Path) -> None:
     resumed = GradientMonitor(window_epochs=0, window_steps=10, flush_every=5, strict=True)
     resumed.load_state_dict(state)
     assert resumed.window_closed
-    assert resumed.watcher.level == cb.watcher.level and resumed.watcher.step == 30
+    assert resumed.watcher.level == cb.watcher.level
+    assert resumed.watcher.step == 30
     assert resumed.series() == cb.series()
 
 
@@ -227,7 +236,8 @@ def test_resumed_fit_continues_the_watch(tmp_path: Path) -> None:
     trainer2 = make_trainer(tmp_path, [resumed], limit_train_batches=15, max_epochs=3,
                             limit_val_batches=0)
     trainer2.fit(DigitsMLP(lr=0.1), train, ckpt_path=str(ckpt))
-    assert resumed.window_closed and resumed.watcher.step == 45
+    assert resumed.window_closed
+    assert resumed.watcher.step == 45
     assert [s for s, _ in resumed.series()["grad_norm"]] == list(range(45))
     assert resumed.findings == []
 

@@ -99,7 +99,8 @@ def test_lr_zero_is_not_learning(tmp_path: Path) -> None:
     fit(tmp_path, DigitsMLP(lr=0.0), [cb])
     assert curve_codes(cb) == ["curve.not_learning"]
     f = cb.findings[0]
-    assert f.global_step == 39 and f.evidence["val_constant"] is True
+    assert f.global_step == 39
+    assert f.evidence["val_constant"] is True
     assert f.evidence["chance"] == pytest.approx(math.log(10))
     assert cb.check_status()["status"] == "failed"
 
@@ -126,9 +127,11 @@ def test_healthy_run_is_healthy_with_bounded_series(tmp_path: Path) -> None:
     assert curve_codes(cb) == ["curve.healthy"]
     assert cb.findings[0].severity == "info"
     series = cb.series()
-    assert 2 <= len(series["train_loss"]) <= 16 and len(series["val_loss"]) == 3
+    assert 2 <= len(series["train_loss"]) <= 16
+    assert len(series["val_loss"]) == 3
     report = triage.report.report
-    assert report is not None and {"train_loss", "val_loss", "grad_norm"} <= set(report["series"])
+    assert report is not None
+    assert {"train_loss", "val_loss", "grad_norm"} <= set(report["series"])
     assert stage_codes([f for c in triage.checks for f in c.findings], "curve") == {"curve.healthy"}
     assert [c.check_status()["check"] for c in triage.checks][-2:] == [
         "LossCurveMonitor", "GradientMonitor"]
@@ -152,16 +155,20 @@ def test_corrupted_late_batch_is_a_loss_spike_after_the_window(tmp_path: Path) -
     spikes = [f for f in loss_cb.findings if f.code == "curve.loss_spike"]
     assert [f.global_step for f in spikes] == [137]
     ev = spikes[0].evidence
-    assert ev["after_window"] is True and ev["ratio"] > 5 and ev["level_before"] < 1.0
+    assert ev["after_window"] is True
+    assert ev["ratio"] > 5
+    assert ev["level_before"] < 1.0
     assert [f.code for f in loss_cb.findings if f.code != "curve.loss_spike"] == ["curve.healthy"]
     # sent to the loggers as it happened, under triage/
     logged = {k: s for s, m in logger.metrics for k in m}
     assert logged["triage/curve.loss_spike"] == 137
-    assert "triage/loss_level" in logged and "triage/grad_norm" in logged
+    assert "triage/loss_level" in logged
+    assert "triage/grad_norm" in logged
     assert all(k.startswith("triage/") or k.startswith("train") or k.startswith("val")
                or k == "epoch" for _, m in logger.metrics for k in m)
     grad_steps = sorted({s for s, m in logger.metrics if "triage/grad_norm" in m})
-    assert grad_steps and all(s % 10 == 0 for s in grad_steps)
+    assert grad_steps
+    assert all(s % 10 == 0 for s in grad_steps)
 
 
 @pytest.mark.parametrize("schedule", ["warmup_cosine", "step"])
@@ -172,7 +179,8 @@ def test_healthy_schedules_stay_silent_for_the_whole_run(tmp_path: Path, schedul
         max_epochs=6, limit_train_batches=40)
     assert [f.code for f in loss_cb.findings] == ["curve.healthy"]
     assert grad_cb.findings == []
-    assert loss_cb.watcher is not None and loss_cb.watcher.step == 240
+    assert loss_cb.watcher is not None
+    assert loss_cb.watcher.step == 240
 
 
 def test_noisy_small_batches_stay_silent_for_the_whole_run(tmp_path: Path) -> None:
@@ -193,8 +201,10 @@ def test_resume_keeps_the_baseline(tmp_path: Path) -> None:
     level, step = cb.watcher.level, cb.watcher.step
     resumed = LossCurveMonitor(window_epochs=1, window_steps=20, flush_every=5, strict=True)
     resumed.load_state_dict(torch.load(ckpt, weights_only=False)["callbacks"][cb.state_key])
-    assert resumed.window_closed and resumed.watcher is not None
-    assert resumed.watcher.level == level and resumed.watcher.step == step
+    assert resumed.window_closed
+    assert resumed.watcher is not None
+    assert resumed.watcher.level == level
+    assert resumed.watcher.step == step
     assert [f.code for f in resumed.findings] == [f.code for f in cb.findings]
     pickle.dumps(resumed)
 

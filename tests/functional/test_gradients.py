@@ -35,8 +35,10 @@ def test_grad_norms_match_reference_and_stay_on_device() -> None:
     total, per = grad_norms(grads)
     ref = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
     assert float(total) == pytest.approx(float(ref), rel=1e-6)
-    assert per.shape == (3,) and per.dtype == torch.float32
-    assert isinstance(total, torch.Tensor) and total.ndim == 0
+    assert per.shape == (3,)
+    assert per.dtype == torch.float32
+    assert isinstance(total, torch.Tensor)
+    assert total.ndim == 0
     total16, _ = grad_norms([g.half() for g in grads] + [torch.randn(3, dtype=torch.float64)])
     assert total16.dtype == torch.float32
 
@@ -59,7 +61,8 @@ def test_spike_reported_with_following_loss_spike_and_clip() -> None:
     out = classify_gradients(x, loss=loss, final=False)
     assert codes(out) == [("spike", 60)]
     ev = out[0].evidence
-    assert ev["loss_spike_followed"] is True and ev["loss_spike_after_steps"] == 2
+    assert ev["loss_spike_followed"] is True
+    assert ev["loss_spike_after_steps"] == 2
     assert 1.0 < ev["suggested_clip"] < 1.6
     loss[62] = 2.0
     assert classify_gradients(x, loss=loss, final=False)[0].evidence["loss_spike_followed"] is False
@@ -72,14 +75,16 @@ def test_spike_names_the_layer_that_jumped_first() -> None:
     layers["c"][60] = 30.0
     x[60] = 50.0
     out = classify_gradients(x, layers=layers, final=False)
-    assert out[0].layer == "b" and out[0].evidence["first_layer_step"] == 58
+    assert out[0].layer == "b"
+    assert out[0].evidence["first_layer_step"] == 58
 
 
 def test_jumped_first_falls_back_to_the_largest_ratio() -> None:
     mat = np.ones((10, 2))
     mat[9, 1] = 2.0
     name, row, ratios = jumped_first(mat, ["x", "y"], 9, np.ones(2))
-    assert (name, row) == ("y", 9) and ratios["y"] == 2.0
+    assert (name, row) == ("y", 9)
+    assert ratios["y"] == 2.0
 
 
 def test_growth_by_orders_of_magnitude_is_exploding() -> None:
@@ -100,7 +105,8 @@ def test_depth_ratio_vanishing_and_exploding() -> None:
     x = norms()
     vanishing = {"l0": norms() * 1e-6, "l1": norms() * 1e-3, "l2": norms()}
     out = classify_gradients(x, layers=vanishing)
-    assert codes(out) == [("vanishing", 99)] and out[0].layer == "l0"
+    assert codes(out) == [("vanishing", 99)]
+    assert out[0].layer == "l0"
     exploding = {"l0": norms() * 1e5, "l1": norms() * 1e2, "l2": norms()}
     assert codes(classify_gradients(x, layers=exploding)) == [("exploding", 99)]
     fine = {"l0": norms() * 0.1, "l1": norms(), "l2": norms() * 10}
@@ -111,24 +117,29 @@ def test_update_ratio_far_from_1e_3() -> None:
     x = norms()
     out = classify_gradients(x, update_ratios={"a": 0.0, "b": 1e-3})
     assert codes(out) == [("update_ratio", 99)]
-    assert out[0].layer == "a" and out[0].evidence["direction"] == "below"
+    assert out[0].layer == "a"
+    assert out[0].evidence["direction"] == "below"
     out = classify_gradients(x, update_ratios={"a": 2e-3, "b": 0.9})
-    assert out[0].layer == "b" and out[0].evidence["direction"] == "above"
+    assert out[0].layer == "b"
+    assert out[0].evidence["direction"] == "above"
     assert classify_gradients(x, update_ratios={"a": 1e-4, "b": 0.05}) == []
 
 
 def test_dead_units_and_zero_layers() -> None:
     x = norms()
     out = classify_gradients(x, dead_units={"fc1": (30, 32), "fc2": (1, 10)})
-    assert codes(out) == [("dead_units", 99)] and out[0].layer == "fc1"
+    assert codes(out) == [("dead_units", 99)]
+    assert out[0].layer == "fc1"
     out = classify_gradients(x, layers={"a": norms(), "b": np.zeros(100), "c": norms()})
-    assert codes(out) == [("dead_units", 99)] and out[0].layer == "b"
+    assert codes(out) == [("dead_units", 99)]
+    assert out[0].layer == "b"
     assert classify_gradients(x, dead_units={"fc1": (3, 32)}) == []
 
 
 def test_suggest_clip_and_loss_spike_after() -> None:
     assert suggest_clip([1.0] * 99 + [50.0]) == 1.5
-    assert suggest_clip([]) is None and suggest_clip([0.0]) is None
+    assert suggest_clip([]) is None
+    assert suggest_clip([0.0]) is None
     assert suggest_clip([123.0] * 10) == 120.0
     loss = [1.0] * 20 + [1.0, 1.0, 5.0]
     assert loss_spike_after(loss, 20, 5) == 2

@@ -94,7 +94,7 @@ def test_memory_flat_over_a_million_steps() -> None:
     w = SpikeWatch()
     sizes = []
     rng = np.random.default_rng(0)
-    for chunk in range(100):
+    for _chunk in range(100):
         x = 1.0 + 0.1 * rng.standard_normal(10_000)
         x[5000] = 50.0  # a spike per chunk
         w.update(x)

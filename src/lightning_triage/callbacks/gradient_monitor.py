@@ -257,8 +257,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
             return
         self._need_loss = False
         loss = loss_from_outputs(outputs, pl_module, trainer)
-        self._p_loss.append(loss.float() if loss is not None
-                            else torch.full((), math.nan, device=self._p_total[-1].device))
+        value = (loss.float() if loss is not None
+                 else torch.full((), math.nan, device=self._p_total[-1].device))
+        while len(self._p_loss) < len(self._p_total):  # manual optimization: several steps
+            self._p_loss.append(value)
         if self._snap is not None:
             weights = [self._params[j].detach() for j in self._weight_idx]
             dn, wn = update_norms(weights, self._snap)

@@ -212,8 +212,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         if loss is None:
             return
         self._pending.append(loss)
-        self._pending_steps.append(trainer.global_step - 1 if pl_module.automatic_optimization
-                                   else trainer.global_step)
+        self._pending_steps.append(max(trainer.global_step - 1, 0))
         if len(self._pending) >= self.flush_interval(trainer):
             self._flush(trainer)
 

@@ -109,11 +109,12 @@ class SpikeWatch:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
         if warmup > window:
             raise ValueError(f"`warmup` ({warmup}) must be <= `window` ({window}).")
-        for name, value, ok in (("z", z, z > 0), ("ratio", ratio, ratio >= 1),
-                                ("min_jump", min_jump, min_jump >= 0),
-                                ("min_spread_frac", min_spread_frac, min_spread_frac >= 0)):
+        checks = (("z", z, z > 0, "> 0"), ("ratio", ratio, ratio >= 1, ">= 1"),
+                  ("min_jump", min_jump, min_jump >= 0, ">= 0"),
+                  ("min_spread_frac", min_spread_frac, min_spread_frac >= 0, ">= 0"))
+        for arg, given, ok, allowed in checks:
             if not ok:
-                raise ValueError(f"`{name}` must be {'> 0' if name == 'z' else '>= 1' if name == 'ratio' else '>= 0'}, got {value!r}.")
+                raise ValueError(f"`{arg}` must be {allowed}, got {given!r}.")
         self.window = window
         self.warmup = warmup
         self.refresh = refresh
