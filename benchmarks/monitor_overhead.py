@@ -59,10 +59,12 @@ MODELS = {
 
 
 class EpochTimer(pl.Callback):
+    """Wall and process CPU time per epoch (CPU time is less sensitive to other processes)."""
+
     def __init__(self, device: str) -> None:
         self.device = device
-        self.times: list[float] = []
-        self._t = 0.0
+        self.times: list[tuple[float, float]] = []
+        self._t = (0.0, 0.0)
 
     def _sync(self) -> None:
         if self.device == "cuda":
@@ -70,14 +72,44 @@ class EpochTimer(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._sync()
-        self._t = time.perf_counter()
+        self._t = (time.perf_counter(), time.process_time())
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._sync()
-        self.times.append(time.perf_counter() - self._t)
+        self.times.append((time.perf_counter() - self._t[0], time.process_time() - self._t[1]))
 
 
-def run(name: str, monitored: bool, args: argparse.Namespace) -> list[float]:
+class HookTimer(pl.Callback):
+    """Forwards the per-step hooks to ``inner`` and adds up the time spent in them."""
+
+    HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step",
+             "on_train_epoch_end")
+
+    def __init__(self, inner: list[pl.Callback]) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+        for hook in self.HOOKS:
+            setattr(self, hook, self._timed(hook))
+
+    def _timed(self, hook: str) -> Any:
+        def call(*args: Any) -> None:
+            t = time.perf_counter()
+            for cb in self.inner:
+                getattr(cb, hook)(*args)
+            self.seconds += time.perf_counter() - t
+        return call
+
+    def setup(self, *args: Any) -> None:
+        for cb in self.inner:
+            cb.setup(*args)
+
+    def on_train_end(self, *args: Any) -> None:
+        for cb in self.inner:
+            cb.on_train_end(*args)
+
+
+def run(name: str, monitored: bool, args: argparse.Namespace
+        ) -> tuple[list[tuple[float, float]], float]:
     build, shape, batch = MODELS[name]
     pl.seed_everything(0, verbose=False)
     g = torch.Generator().manual_seed(0)
@@ -86,14 +118,17 @@ def run(name: str, monitored: bool, args: argparse.Namespace) -> list[float]:
     loader = DataLoader(data, batch_size=batch, shuffle=True, generator=g)
     timer = EpochTimer(args.device)
     callbacks: list[pl.Callback] = [timer]
+    hooks = None
     if monitored:
-        callbacks += [LossCurveMonitor(window_epochs=0, window_steps=20),
-                      GradientMonitor(window_epochs=0, window_steps=20)]
+        hooks = HookTimer([LossCurveMonitor(window_epochs=0, window_steps=20),
+                           GradientMonitor(window_epochs=0, window_steps=20)])
+        callbacks.append(hooks)
     trainer = pl.Trainer(max_epochs=args.epochs, accelerator=args.device, devices=1,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callbacks)
     trainer.fit(Model(build()), loader)
-    return timer.times[args.skip:]
+    total = sum(w for w, _ in timer.times)
+    return timer.times[args.skip:], (hooks.seconds / total if hooks is not None else 0.0)
 
 
 def main() -> None:
@@ -109,16 +144,24 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     for name in args.models:
-        bare: list[float] = []
-        mon: list[float] = []
+        bare: list[tuple[float, float]] = []
+        mon: list[tuple[float, float]] = []
+        fractions: list[float] = []
         run(name, False, args)  # warm-up (allocator, kernels, caches)
         for _ in range(args.repeats):
-            bare += run(name, False, args)
-            mon += run(name, True, args)
-        b, m = statistics.median(bare), statistics.median(mon)
-        print(f"{name:>10} [{args.device}]: bare {1e3 * b / args.steps:.3f} ms/step, monitored "
-              f"{1e3 * m / args.steps:.3f} ms/step, ratio {m / b:.4f} "
-              f"({len(bare)} timed epochs each of {args.steps} steps)", flush=True)
+            bare += run(name, False, args)[0]
+            times, fraction = run(name, True, args)
+            mon += times
+            fractions.append(fraction)
+        for k, kind in ((0, "wall"), (1, "cpu")):
+            b = statistics.median(t[k] for t in bare)
+            m = statistics.median(t[k] for t in mon)
+            print(f"{name:>10} [{args.device}, {kind}]: bare {1e3 * b / args.steps:.3f} ms/step, "
+                  f"monitored {1e3 * m / args.steps:.3f} ms/step, ratio {m / b:.4f} "
+                  f"({len(bare)} timed epochs of {args.steps} steps each)", flush=True)
+        print(f"{name:>10} [{args.device}]: time inside the monitors' hooks: "
+              f"{100 * statistics.median(fractions):.2f}% of the training time (median of "
+              f"{len(fractions)} runs, window included)", flush=True)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,11 @@ def deep(act: type[nn.Module], depth: int = 8, width: int = 32, gain: float = 1.
     return nn.Sequential(*layers)
 
 
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    pl.seed_everything(0, verbose=False)  # models are built before `fit` seeds again
+
+
 def fit(tmp_path: Path, model: pl.LightningModule, callbacks: list[Any], *, batch_size: int = 32,
         **kwargs: Any) -> pl.Trainer:
     pl.seed_everything(0, verbose=False)
@@ -198,7 +203,9 @@ def test_skip_action_zeroes_the_spiking_update(tmp_path: Path, on_spike: str) ->
     model = BadBatchMLP(bad_step=50, lr=0.1)
     fit(tmp_path, model, [cb], max_epochs=5)
     spikes = [f for f in cb.findings if f.code == "grad.spike"]
-    assert [f.global_step for f in spikes] == [50]
+    assert spikes[0].global_step == 50
+    if on_spike == "skip":  # the model was spared: no later spike (with "warn" there may be)
+        assert [f.global_step for f in spikes] == [50]
     assert spikes[0].evidence["after_window"] is True
     assert spikes[0].evidence["ratio"] > 100
     unchanged = torch.equal(model.snaps[50], model.snaps[51])

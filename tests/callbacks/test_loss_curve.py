@@ -79,6 +79,11 @@ class ScheduledMLP(DigitsMLP):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    pl.seed_everything(0, verbose=False)  # models are built before `fit` seeds again
+
+
 def fit(tmp_path: Path, model: pl.LightningModule, callbacks: list[Any], *, batch_size: int = 32,
         standardize: bool = True, **kwargs: Any) -> pl.Trainer:
     pl.seed_everything(0, verbose=False)
@@ -211,6 +216,7 @@ def test_resume_keeps_the_baseline(tmp_path: Path) -> None:
 
 def test_zero_interference_weights_bit_identical(tmp_path: Path) -> None:
     def run(callbacks: list[Any]) -> dict[str, torch.Tensor]:
+        pl.seed_everything(0, verbose=False)
         model = DigitsMLP(lr=0.1)
         fit(tmp_path, model, callbacks, max_epochs=2)
         return {k: v.clone() for k, v in model.state_dict().items()}
