@@ -99,9 +99,9 @@ class HookTimer(pl.Callback):
             self.seconds += time.perf_counter() - t
         return call
 
-    def setup(self, *args: Any) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for cb in self.inner:
-            cb.setup(*args)
+            cb.setup(trainer, pl_module, stage)
 
     def on_train_end(self, *args: Any) -> None:
         for cb in self.inner:

@@ -255,3 +255,30 @@ def test_resumed_fit_continues_the_watch(tmp_path: Path) -> None:
 def test_invalid_arguments_name_the_argument(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=f"`{name}`"):
         GradientMonitor(**kwargs)
+
+
+class ManualTwoSteps(DigitsMLP):
+    """Manual optimization, two optimizer steps per batch."""
+
+    def __init__(self) -> None:
+        super().__init__(lr=0.05)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        opt = self.optimizers()
+        x, y = batch
+        for xs, ys in ((x[:16], y[:16]), (x[16:], y[16:])):
+            loss = F.cross_entropy(self(xs), ys)
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+        return loss.detach()
+
+
+def test_manual_optimization_two_steps_per_batch(tmp_path: Path) -> None:
+    grad_cb = GradientMonitor(window_epochs=0, window_steps=10, flush_every=7, strict=True)
+    loss_cb = LossCurveMonitor(window_epochs=0, window_steps=25, flush_every=7, strict=True)
+    fit(tmp_path, ManualTwoSteps(), [grad_cb, loss_cb])
+    assert len(grad_cb.series()["grad_norm"]) == 60  # 2 optimizer steps x 15 batches x 2 epochs
+    assert grad_cb.findings == []
+    assert [f.code for f in loss_cb.findings] == ["curve.healthy"]

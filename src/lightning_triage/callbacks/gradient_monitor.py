@@ -27,7 +27,6 @@ from lightning_triage.callbacks._monitor import (
     validate_window,
 )
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.callbacks.initial_loss import loss_from_outputs
 from lightning_triage.functional.gradients import (
     GradThresholds,
     GradVerdict,
@@ -256,8 +255,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
         if not self._need_loss:
             return
         self._need_loss = False
-        loss = loss_from_outputs(outputs, pl_module, trainer)
-        value = (loss.float() if loss is not None
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        # the loss only tells whether a loss spike followed a gradient spike: a ratio to its own
+        # recent level, so the accumulation factor does not matter (no op per step for it)
+        value = (loss.detach() if isinstance(loss, Tensor) and loss.numel() == 1
                  else torch.full((), math.nan, device=self._p_total[-1].device))
         while len(self._p_loss) < len(self._p_total):  # manual optimization: several steps
             self._p_loss.append(value)
@@ -275,7 +276,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
         if n:
             mat = torch.cat([torch.stack(self._p_total[:n])[:, None],
                              torch.stack(self._p_per[:n]),
-                             torch.stack(self._p_loss[:n]).float()[:, None]], dim=1)
+                             torch.stack([v.reshape(()) for v in self._p_loss[:n]]).float()
+                             [:, None]], dim=1)
             rows = mat.cpu().double().numpy()
             steps = self._p_steps[:n]
             del self._p_total[:n], self._p_per[:n], self._p_loss[:n], self._p_steps[:n]

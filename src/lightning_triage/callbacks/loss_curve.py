@@ -24,7 +24,7 @@ from lightning_triage.callbacks._monitor import (
     validate_window,
 )
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.callbacks.initial_loss import loss_from_outputs, validate_task
+from lightning_triage.callbacks.initial_loss import validate_task
 from lightning_triage.functional.batch import split_batch
 from lightning_triage.functional.chance import (
     IGNORE_INDEX,
@@ -143,6 +143,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._reported: set[tuple[str, int]] = set()
         self._pending: list[Tensor] = []
         self._pending_steps: list[int] = []
+        self._scale_by = 1
         self._val_sum: Tensor | None = None
         self._val_n = 0
         self._capture: ExitStack | None = None
@@ -208,17 +209,21 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         if pl_module.automatic_optimization and (batch_idx + 1) % trainer.accumulate_grad_batches \
                 and not trainer.is_last_batch:
             return
-        loss = loss_from_outputs(outputs, pl_module, trainer)
-        if loss is None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
             return
-        self._pending.append(loss)
+        # the accumulation factor is applied on the host at the flush (no op per step)
+        self._scale_by = trainer.accumulate_grad_batches if pl_module.automatic_optimization \
+            else 1
+        self._pending.append(loss.detach())
         self._pending_steps.append(max(trainer.global_step - 1, 0))
         if len(self._pending) >= self.flush_interval(trainer):
             self._flush(trainer)
 
     def _flush(self, trainer: pl.Trainer, epoch_done: bool = False) -> None:
         if self._pending:
-            values = torch.stack([v.float() for v in self._pending]).cpu().tolist()
+            stacked = torch.stack([v.reshape(()) for v in self._pending]).float()
+            values = (stacked.cpu() * self._scale_by).tolist()
             steps, self._pending, self._pending_steps = self._pending_steps, [], []
             self.mark_ran()
             self._consume(trainer, steps, values)
@@ -254,11 +259,13 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     def _close_window(self, trainer: pl.Trainer, complete: bool = True) -> None:
         verdicts = self._classify(final=True)
         self._report(trainer, verdicts, after_window=False)
-        shape = next((v.code for v in verdicts), "curve.healthy")
         n = len(self.train)
+        shape = next((v.code.split(".", 1)[1] for v in verdicts), None)
+        if shape is None:
+            shape = ("healthy" if n >= self.thresholds.min_steps else
+                     f"too short to classify (fewer than {self.thresholds.min_steps} values)")
         self.detail = (f"window of {n} steps ({self.train_steps[0]}-{self.train_steps[-1]})"
-                       f"{'' if complete else ' (run ended inside the window)'}: "
-                       f"{shape.split('.', 1)[1]}")
+                       f"{'' if complete else ' (run ended inside the window)'}: {shape}")
         self.window_closed = True
         self.train, self.train_steps = [], []  # the window's values are no longer needed
 
@@ -403,7 +410,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
 
     @override
     def extra_state(self) -> dict[str, Any]:
-        pending = [float(v) for v in self._pending]
+        pending = [float(v) * self._scale_by for v in self._pending]
         return {
             "window_closed": self.window_closed, "train": list(self.train),
             "train_steps": list(self.train_steps), "val": [list(v) for v in self.val],

@@ -38,11 +38,9 @@ def grad_norms(grads: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     if not grads:
         zero = torch.zeros(())
         return zero, torch.zeros(0)
-    norms = list(torch._foreach_norm(list(grads)))
-    dtype = norms[0].dtype
-    if any(n.dtype != dtype for n in norms) or dtype != torch.float32:
-        norms = [n.float() for n in norms]
-    per = torch.stack(norms)
+    per = torch.stack(torch._foreach_norm(list(grads)))  # mixed dtypes are promoted
+    if per.dtype != torch.float32:
+        per = per.float()
     return torch.linalg.vector_norm(per), per
 
 
