@@ -206,15 +206,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
                 return
         if self.window_closed and not self.watch and self.on_spike == "warn":
             return
-        grads = []
-        for p in self._params:
-            g = p.grad
-            if g is None:
-                g = self._zeros.get(p.device)
-                if g is None:
-                    g = self._zeros[p.device] = torch.zeros(1, device=p.device)
-            grads.append(g)
-        total, per = grad_norms(grads)
+        grads = [p.grad for p in self._params]
+        if any(g is None for g in grads):  # no gradient this step: norm 0 in its slot
+            grads = [p.grad if p.grad is not None else self._zero(p) for p in self._params]
+        total, per = grad_norms(grads)  # type: ignore[arg-type]
         self._p_total.append(total)
         self._p_per.append(per)
         self._p_steps.append(trainer.global_step)
@@ -225,6 +220,12 @@ class GradientMonitor(TriageCallback, WindowMixin):
             if self._thr is None:
                 self._thr = torch.full((), self.watcher.threshold(), device=total.device)
             self._skip(total)
+
+    def _zero(self, p: Tensor) -> Tensor:
+        zero = self._zeros.get(p.device)
+        if zero is None:
+            zero = self._zeros[p.device] = torch.zeros(1, device=p.device)
+        return zero
 
     def _window_step(self, trainer: pl.Trainer) -> None:
         if self._alive is None:
