@@ -32,7 +32,6 @@ from lightning_triage.functional.gradients import (
     GradVerdict,
     alive_units,
     classify_gradients,
-    grad_norms,
     jumped_first,
     loss_spike_after,
     spike_verdict,
@@ -152,8 +151,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._zeros: dict[torch.device, Tensor] = {}
         self._amp_fp16 = False
         # device side, this chunk
-        self._p_total: list[Tensor] = []
-        self._p_per: list[Tensor] = []
+        self._p_norms: list[tuple[Tensor, ...]] = []  # per step: the per-parameter norms
         self._p_loss: list[Tensor] = []
         self._p_steps: list[int] = []
         self._need_loss = False
@@ -209,14 +207,16 @@ class GradientMonitor(TriageCallback, WindowMixin):
         grads = [p.grad for p in self._params]
         if any(g is None for g in grads):  # no gradient this step: norm 0 in its slot
             grads = [p.grad if p.grad is not None else self._zero(p) for p in self._params]
-        total, per = grad_norms(grads)  # type: ignore[arg-type]
-        self._p_total.append(total)
-        self._p_per.append(per)
+        # one fused kernel per step; the stack and the total norm are taken per chunk at the
+        # flush (the total, computed once there, serves the window classifier and the watch)
+        norms = tuple(torch._foreach_norm(grads))  # type: ignore[arg-type]
+        self._p_norms.append(norms)
         self._p_steps.append(trainer.global_step)
         self._need_loss = True
         if not self.window_closed:
             self._window_step(trainer)
         if self.on_spike == "skip":
+            total = torch.linalg.vector_norm(torch.stack(norms).float())
             if self._thr is None:
                 self._thr = torch.full((), self.watcher.threshold(), device=total.device)
             self._skip(total)
@@ -235,7 +235,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             g = self._params[j].grad
             if g is not None:
                 self._alive[k].logical_or_(alive_units(g))
-        if (len(self.w_total) + len(self._p_total) - 1) % self.ratio_every == 0 and \
+        if (len(self.w_total) + len(self._p_norms) - 1) % self.ratio_every == 0 and \
                 self._weight_idx:
             self._snap = [self._params[j].detach().clone() for j in self._weight_idx]
 
@@ -260,28 +260,29 @@ class GradientMonitor(TriageCallback, WindowMixin):
         # the loss only tells whether a loss spike followed a gradient spike: a ratio to its own
         # recent level, so the accumulation factor does not matter (no op per step for it)
         value = (loss.detach() if isinstance(loss, Tensor) and loss.numel() == 1
-                 else torch.full((), math.nan, device=self._p_total[-1].device))
-        while len(self._p_loss) < len(self._p_total):  # manual optimization: several steps
+                 else torch.full((), math.nan, device=self._p_norms[-1][0].device))
+        while len(self._p_loss) < len(self._p_norms):  # manual optimization: several steps
             self._p_loss.append(value)
         if self._snap is not None:
             weights = [self._params[j].detach() for j in self._weight_idx]
             dn, wn = update_norms(weights, self._snap)
             self._ratio_rows.append(dn / wn)
             self._snap = None
-        if len(self._p_total) >= self.flush_interval(trainer):
+        if len(self._p_norms) >= self.flush_interval(trainer):
             self._flush(trainer)
 
     # ------------------------------------------------------------------ flush
     def _flush(self, trainer: pl.Trainer, epoch_done: bool = False, final: bool = False) -> None:
-        n = min(len(self._p_total), len(self._p_loss))
+        n = min(len(self._p_norms), len(self._p_loss))
         if n:
-            mat = torch.cat([torch.stack(self._p_total[:n])[:, None],
-                             torch.stack(self._p_per[:n]),
-                             torch.stack([v.reshape(()) for v in self._p_loss[:n]]).float()
-                             [:, None]], dim=1)
-            rows = mat.cpu().double().numpy()
+            per = torch.stack([v for step in self._p_norms[:n] for v in step]).float()
+            per = per.view(n, len(self._params))
+            total = torch.linalg.vector_norm(per, dim=1)
+            loss = torch.stack([v.reshape(()) for v in self._p_loss[:n]]).float()
+            mat = torch.cat([total[:, None], per, loss.to(per.device)[:, None]], dim=1)
+            rows = mat.cpu().double().numpy()  # the one host transfer of the chunk
             steps = self._p_steps[:n]
-            del self._p_total[:n], self._p_per[:n], self._p_loss[:n], self._p_steps[:n]
+            del self._p_norms[:n], self._p_loss[:n], self._p_steps[:n]
             if self._skipped is not None:
                 self.skipped_steps = self._skipped_base + int(self._skipped)
             self.mark_ran()
