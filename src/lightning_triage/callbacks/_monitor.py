@@ -39,12 +39,22 @@ class WindowMixin:
     max_window_steps: int
     flush_every: int | None
     window_closed: bool
+    _flush_n: int | None
 
     def flush_interval(self, trainer: pl.Trainer) -> int:
-        """Steps between host reads: ``flush_every``, else ``log_every_n_steps`` (1..256)."""
+        """Steps between host reads: ``flush_every``, else the smallest multiple of
+        ``log_every_n_steps`` that is at least 100 (at most 256 unless ``log_every_n_steps`` is
+        larger). Cached after the first call."""
+        if self._flush_n is not None:
+            return self._flush_n
         if self.flush_every is not None:
-            return self.flush_every
-        return max(1, min(256, int(getattr(trainer, "log_every_n_steps", 50) or 50)))
+            n = self.flush_every
+        else:
+            every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
+            n = every * max(1, -(-100 // every))
+            n = n if n <= 256 else max(every, 256 - 256 % every)
+        self._flush_n = n
+        return n
 
     def window_over(self, trainer: pl.Trainer, steps_seen: int, epoch_done: bool = False) -> bool:
         """Whether the window is over after ``steps_seen`` optimizer steps."""

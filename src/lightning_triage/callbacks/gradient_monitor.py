@@ -165,7 +165,9 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self.w_total: list[float] = []
         self.w_loss: list[float] = []
         self.w_rows: list[np.ndarray] = []
-        self._recent: deque[tuple[int, float, np.ndarray, float]] = deque(maxlen=600)
+        # the last chunks (steps, totals, per-parameter norms, losses): context of a spike
+        self._recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self._flush_n: int | None = None
         self._layer_base: np.ndarray | None = None
         self._pending_spikes: list[SpikeEvent] = []
         self._reported: set[tuple[str, int]] = set()
@@ -302,8 +304,11 @@ class GradientMonitor(TriageCallback, WindowMixin):
                 if self.on_spike == "skip":
                     metrics["triage/skipped_steps"] = float(self.skipped_steps)
                 log_to_loggers(trainer, metrics, s)
-        for s, t, r, lo in zip(steps, totals, per, loss, strict=False):
-            self._recent.append((s, float(t), r, float(lo)))
+        self._recent.append((np.asarray(steps), totals, per, loss))
+        # keep at least 64 steps of context (bounded: at most 64 + one chunk)
+        while len(self._recent) > 1 and \
+                sum(c[0].size for c in self._recent) - self._recent[0][0].size >= 64:
+            self._recent.popleft()
         if not self.window_closed:
             room = self.max_window_steps - len(self.w_total)
             self.w_steps.extend(steps[:room])
@@ -354,7 +359,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
                     f"{e.value:.3g} ({e.ratio:.1f}x) at step {e.step} and stayed there "
                     f"(confirmed at step {e.confirmed_step}).", None,
                     {"step": e.step, "norm": e.value, "level_before": e.level,
-                     "ratio": e.ratio, "suggested_clip": suggest_clip(list(self.watcher.ring)),
+                     "ratio": e.ratio, "suggested_clip": suggest_clip(self.watcher.ring),
                      "kind": "sustained"})], after_window=True)
             elif e.kind == "nonfinite":
                 self.counts["explosions_after_window"] += 1
@@ -369,27 +374,28 @@ class GradientMonitor(TriageCallback, WindowMixin):
         if not self._pending_spikes or not self._recent:
             return
         th = self.thresholds
-        steps = [r[0] for r in self._recent]
-        last = steps[-1]
+        steps = np.concatenate([c[0] for c in self._recent])
+        last = int(steps[-1])
         keep = []
         for e in self._pending_spikes:
             if e.step + th.follow_steps > last and not final:
                 keep.append(e)
                 continue
-            if e.step not in steps:
+            where = np.nonzero(steps == e.step)[0]
+            if where.size == 0:
                 continue
-            i = steps.index(e.step)
-            loss = np.array([r[3] for r in self._recent])
+            i = int(where[0])
+            loss = np.concatenate([c[3] for c in self._recent])
             followed = loss_spike_after(loss, i, th.follow_steps)
-            names = [_module_name(self._names[j]) for j in range(len(self._names))]
+            names = [_module_name(n) for n in self._names]
             first = first_row = None
             ratios: dict[str, float] = {}
             if self._layer_base is not None:
-                mat = np.stack([r[2] for r in self._recent])
+                mat = np.concatenate([c[2] for c in self._recent])
                 first, first_row, ratios = jumped_first(mat, names, i, self._layer_base)
-            verdict = spike_verdict(e, clip=suggest_clip(list(self.watcher.ring), th.clip_quantile),
+            verdict = spike_verdict(e, clip=suggest_clip(self.watcher.ring, th.clip_quantile),
                                     followed=followed, first_layer=first,
-                                    first_step=None if first_row is None else steps[first_row],
+                                    first_step=None if first_row is None else int(steps[first_row]),
                                     layer_ratios=ratios, after_window=True,
                                     follow_steps=th.follow_steps)
             self._report(trainer, [verdict], after_window=True)

@@ -144,6 +144,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._pending: list[Tensor] = []
         self._pending_steps: list[int] = []
         self._scale_by = 1
+        self._flush_n: int | None = None
         self._val_sum: Tensor | None = None
         self._val_n = 0
         self._capture: ExitStack | None = None
