@@ -53,17 +53,18 @@ def _module_name(param_name: str) -> str:
 class GradientMonitor(TriageCallback, WindowMixin):
     """Judge gradient norms in the first epochs, then watch them for spikes for the whole run.
 
-    In ``on_before_optimizer_step`` (gradients unscaled under AMP, not yet clipped) the total
-    and per-parameter gradient norms are computed with one fused ``torch._foreach_norm`` and
-    kept on the device; they move to the host every ``flush_every`` steps (default the
-    trainer's ``log_every_n_steps``). During the window (``window_epochs`` epochs or
+    In ``on_before_optimizer_step`` (gradients unscaled under AMP, not yet clipped) the
+    per-parameter gradient norms are computed with one fused ``torch._foreach_norm`` and kept
+    on the device; every ``flush_every`` steps (default the smallest multiple of
+    ``log_every_n_steps`` >= 100) one stack and one norm give every step's total norm and the
+    chunk moves to the host in one transfer. During the window (``window_epochs`` epochs or
     ``window_steps`` steps, whichever is longer, at most ``max_window_steps``) the monitor also
     tracks units whose gradient is always zero and samples update-to-weight ratios every
     ``ratio_every`` steps; at the end of the window
     :func:`~lightning_triage.functional.gradients.classify_gradients` judges them all.
 
-    After the window, with ``watch=True``, only the total and per-parameter norms are computed
-    (the same norms, never twice) and a :class:`~lightning_triage.functional.spikes.SpikeWatch`
+    After the window, with ``watch=True``, only those norms are computed (the total once per
+    step, shared by the window classifier and the watch) and a :class:`~lightning_triage.functional.spikes.SpikeWatch`
     reports ``grad.spike`` (step, size, level before, which layer jumped first, whether a loss
     spike followed, a suggested ``gradient_clip_val``) and ``grad.exploding`` (a sustained jump
     or non-finite norms), marked ``"after_window": true`` and sent to the loggers at once.
@@ -83,7 +84,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
         max_window_steps: the window ends here whatever ``window_epochs`` says.
         watch: keep watching for gradient spikes after the window.
         on_spike: ``"warn"`` (default) or ``"skip"`` (skip the update of a spiking step).
-        flush_every: optimizer steps between host reads (default ``log_every_n_steps``).
+        flush_every: optimizer steps between host reads (default: the smallest multiple of
+            ``log_every_n_steps`` that is at least 100).
         ratio_every: sample the update-to-weight ratio every this many steps in the window.
         max_points: length bound of the ``grad_norm`` series in the report.
         strict: raise internal errors instead of disabling the check.

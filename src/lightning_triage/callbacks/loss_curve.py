@@ -60,8 +60,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     (a sustained rise, or NaN/Inf) for the rest of the run, marked ``"after_window": true``.
 
     Losses stay on the device and move to the host every ``flush_every`` steps (default: the
-    trainer's ``log_every_n_steps``): no host synchronization per step. The running level and
-    the findings go to the trainer's loggers under ``triage/``.
+    smallest multiple of ``log_every_n_steps`` >= 100): no host synchronization per step. The
+    running level and the findings go to the trainer's loggers under ``triage/``.
 
     Findings: ``curve.not_learning``, ``curve.lr_too_low``, ``curve.lr_too_high``,
     ``curve.diverging``, ``curve.plateau_at_chance``, ``curve.loss_spike``,
@@ -76,7 +76,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         window_steps: optimizer steps in the window.
         max_window_steps: the window ends here whatever ``window_epochs`` says.
         watch: keep watching for loss spikes and divergence after the window.
-        flush_every: optimizer steps between host reads (default ``log_every_n_steps``).
+        flush_every: optimizer steps between host reads (default: the smallest multiple of
+            ``log_every_n_steps`` that is at least 100).
         val_key: the logged metric holding the validation loss when ``validation_step`` returns
             none (default: a ``callback_metrics`` key with "val" and "loss" in its name).
         max_points: length bound of the ``train_loss``/``val_loss`` series in the report.
