@@ -67,7 +67,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
     step, shared by the window classifier and the watch) and a
     :class:`~lightning_triage.functional.spikes.SpikeWatch` reports ``grad.spike`` (step,
     size, level before, which layer jumped first, whether a loss spike followed, a suggested
-    ``gradient_clip_val``) and ``grad.exploding`` (a sustained jump or non-finite norms), marked ``"after_window": true`` and sent to the loggers at once.
+    ``gradient_clip_val``) and ``grad.exploding`` (a sustained jump or non-finite norms),
+    marked ``"after_window": true`` and sent to the loggers at once.
 
     ``on_spike="skip"`` zeroes the gradients of a step whose total norm is above the spike
     threshold (or non-finite) before the optimizer step, on the device, without a host
