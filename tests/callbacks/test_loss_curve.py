@@ -235,3 +235,20 @@ def test_zero_interference_weights_bit_identical(tmp_path: Path) -> None:
 def test_invalid_arguments_name_the_argument(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=f"`{name}`"):
         LossCurveMonitor(**kwargs)
+
+
+class SuddenNaNMLP(DigitsMLP):
+    """Healthy, then a NaN loss out of the blue at one step (a numerics bug, not a divergence)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        return loss * float("nan") if self.global_step == 70 else loss
+
+
+def test_nan_out_of_the_blue_is_left_to_the_numerics_stage(tmp_path: Path) -> None:
+    loss_cb = LossCurveMonitor(window_epochs=1, window_steps=40, flush_every=10, strict=True)
+    grad_cb = GradientMonitor(window_epochs=1, window_steps=40, flush_every=10, strict=True)
+    fit(tmp_path, SuddenNaNMLP(lr=0.1), [loss_cb, grad_cb], max_epochs=5)
+    assert "curve.diverging" not in curve_codes(loss_cb)
+    assert "grad.exploding" not in [f.code for f in grad_cb.findings]

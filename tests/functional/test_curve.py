@@ -75,12 +75,19 @@ def test_bouncing_back_up_is_lr_too_high() -> None:
     assert out[0].evidence["rebound"] is not None
 
 
-def test_nonfinite_is_diverging_at_that_step() -> None:
+def test_nonfinite_after_growth_is_diverging_at_that_step() -> None:
     x = healthy()
-    x[123] = np.nan
+    x[118:123] = [5.0, 40.0, 300.0, 3e3, 4e4]
+    x[123] = np.inf
     assert codes(classify_curve(x, chance=CHANCE))[0] == ("diverging", 123)
     # also mid-window
     assert codes(classify_curve(x[:130], chance=CHANCE, final=False))[0] == ("diverging", 123)
+
+
+def test_nonfinite_out_of_the_blue_is_left_to_numerics() -> None:
+    x = healthy()
+    x[123] = np.nan  # e.g. a log(0) in the loss: the numerics stage locates it
+    assert classify_curve(x, chance=CHANCE) == []
 
 
 def test_geometric_growth_is_diverging_when_it_crosses() -> None:

@@ -94,11 +94,17 @@ def test_growth_by_orders_of_magnitude_is_exploding() -> None:
     assert out[-1].evidence["growth"] > 100
 
 
-def test_nonfinite_norm_is_exploding_unless_amp_skips_it() -> None:
+def test_nonfinite_norm_after_growth_is_exploding_unless_amp_skips_it() -> None:
     x = norms()
+    x[66:70] = [30.0, 300.0, 3e3, 3e4]
     x[70] = np.inf
     assert codes(classify_gradients(x))[0] == ("exploding", 70)
-    assert classify_gradients(x, nonfinite_is_skip=True) == []
+    skipped = [v.code for v in classify_gradients(x, nonfinite_is_skip=True)]
+    assert "grad.exploding" not in skipped
+    y = norms()
+    y[70] = np.nan  # out of the blue: the numerics stage's business
+    assert classify_gradients(y) == []
+    assert classify_gradients(y, nonfinite_is_skip=True) == []
 
 
 def test_depth_ratio_vanishing_and_exploding() -> None:

@@ -39,7 +39,7 @@ from lightning_triage.functional.gradients import (
     update_norms,
 )
 from lightning_triage.functional.series import BoundedSeries
-from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch
+from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
 
 OnSpike = Literal["warn", "skip"]
 _UNIT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -365,6 +365,9 @@ class GradientMonitor(TriageCallback, WindowMixin):
                      "ratio": e.ratio, "suggested_clip": suggest_clip(self.watcher.ring),
                      "kind": "sustained"})], after_window=True)
             elif e.kind == "nonfinite":
+                i = steps.index(e.step) if e.step in steps else 0
+                if not grew_before(totals, i, e.level, self.thresholds.growth / 10):
+                    continue  # NaN/Inf out of the blue: the numerics stage locates it
                 self.counts["explosions_after_window"] += 1
                 self._report(trainer, [GradVerdict(
                     "grad.exploding", e.step,

@@ -36,7 +36,7 @@ from lightning_triage.functional.chance import (
 from lightning_triage.functional.curve import CurveThresholds, CurveVerdict, classify_curve
 from lightning_triage.functional.hooks import LastOutput, capture_last_output
 from lightning_triage.functional.series import BoundedSeries
-from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch
+from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
 
 _HINTS = {
     "curve.diverging": "Lower the learning rate (3-10x), add warmup, clip gradients "
@@ -307,6 +307,9 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                        f"{e.confirmed_step}): late divergence.")
                 code = "curve.diverging"
             else:
+                i = steps.index(e.step) if e.step in steps else 0
+                if not grew_before(values, i, e.level, self.thresholds.diverge_ratio):
+                    continue  # NaN/Inf out of the blue: the numerics stage locates it
                 self.counts["divergences_after_window"] += 1
                 msg = (f"the training loss became {e.value} at step {e.step} (after the "
                        f"first-epochs window; running level before: {e.level:.4g}).")

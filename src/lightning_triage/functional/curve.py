@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_triage.functional.spikes import detect_spikes
+from lightning_triage.functional.spikes import detect_spikes, grew_before
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,8 @@ def classify_curve(
     diverging = _divergence(x, st, vals, step0, th)
     if diverging is not None:
         return [diverging, *spike_verdicts]
+    if upto < n:  # a NaN/Inf without growth before it: the numerics stage says where
+        return spike_verdicts
 
     overfit = _overfitting(x, st, vals, th)
     events = [*([] if overfit is None else [overfit]), *spike_verdicts]
@@ -224,6 +226,8 @@ def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], st
     finite = np.isfinite(x)
     if not finite.all():
         i = int(np.argmin(finite))
+        if not grew_before(x, i, step0 if math.isfinite(step0) else math.nan, th.diverge_ratio):
+            return None  # NaN/Inf out of the blue: a numerics bug, not the curve's shape
         last = float(x[i - 1]) if i > 0 else math.nan
         early = " so early that the learning rate is the first suspect" if i < 50 else ""
         return CurveVerdict(

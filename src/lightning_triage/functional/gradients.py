@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_triage.functional.spikes import SpikeEvent, detect_spikes
+from lightning_triage.functional.spikes import SpikeEvent, detect_spikes, grew_before
 
 
 # --------------------------------------------------------------------------- device side
@@ -238,6 +238,10 @@ def classify_gradients(
         finite = np.ones(x.size, dtype=bool)
     elif not finite.all():
         i = int(np.argmin(finite))
+        ref = float(np.median(x[: max(1, min(8, i))])) if i else math.nan
+        if not grew_before(x, i, ref, th.growth / 10):
+            # NaN/Inf out of the blue: a numerics bug (the numerics stage says where)
+            return out
         out.append(GradVerdict(
             "grad.exploding", int(st[i]),
             f"the total gradient norm became {x[i]} at step {int(st[i])} (median before: "

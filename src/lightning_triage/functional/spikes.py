@@ -307,6 +307,23 @@ class SpikeWatch:
         return self._filled + len(self._outliers) + len(self.counts) + 8
 
 
+def grew_before(values: Sequence[float] | np.ndarray, i: int, reference: float,
+                ratio: float = 10.0, lookback: int = 8) -> bool:
+    """Whether a finite value among the ``lookback`` before index ``i`` exceeds ``ratio`` times
+    ``reference``: a NaN/Inf that follows such growth is a divergence; one out of the blue is a
+    numerics bug (left to the numerics stage).
+
+    Example:
+        >>> grew_before([2.3, 125.0, 1e5, float("inf")], 3, reference=2.3)
+        True
+        >>> grew_before([2.3, 0.5, 0.4, float("nan")], 3, reference=2.3)
+        False
+    """
+    arr = np.asarray(values, dtype=np.float64)[max(0, i - lookback):i]
+    arr = arr[np.isfinite(arr)]
+    return bool(arr.size) and reference > 0 and float(arr.max()) > ratio * reference
+
+
 def detect_spikes(values: Sequence[float] | np.ndarray, *, steps: Sequence[int] | None = None,
                   **kwargs: Any) -> list[SpikeEvent]:
     """Run a fresh :class:`SpikeWatch` (``kwargs`` are its arguments) over ``values``.
@@ -325,4 +342,5 @@ def detect_spikes(values: Sequence[float] | np.ndarray, *, steps: Sequence[int] 
                        int(steps[e.confirmed_step])) for e in events]
 
 
-__all__ = ["MAD_TO_STD", "SpikeEvent", "SpikeWatch", "detect_spikes", "robust_level"]
+__all__ = ["MAD_TO_STD", "SpikeEvent", "SpikeWatch", "detect_spikes", "grew_before",
+           "robust_level"]
