@@ -180,7 +180,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
     @guarded
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
-            self._amp_fp16 = str(trainer.precision) in _FP16_AMP
+            # fp16 mixed precision with a gradient scaler: the scaler skips non-finite steps
+            scaler = getattr(trainer.precision_plugin, "scaler", None)
+            self._amp_fp16 = scaler is not None or (
+                str(trainer.precision) in _FP16_AMP and trainer.strategy.root_device.type == "cuda")
 
     def _build(self, pl_module: pl.LightningModule) -> None:
         owners = {}
