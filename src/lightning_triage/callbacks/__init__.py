@@ -9,11 +9,17 @@ from lightning_triage.callbacks.batch_inspector import (
 from lightning_triage.callbacks.eval_mode import (
     EvalModeCheck,
 )
+from lightning_triage.callbacks.gradient_monitor import (
+    GradientMonitor,
+)
 from lightning_triage.callbacks.gradient_wiring import (
     GradientWiringCheck,
 )
 from lightning_triage.callbacks.initial_loss import (
     InitialLossCheck,
+)
+from lightning_triage.callbacks.loss_curve import (
+    LossCurveMonitor,
 )
 from lightning_triage.callbacks.nonfinite_tracer import (
     NonFiniteTracer,
@@ -34,8 +40,10 @@ from lightning_triage.callbacks.triage import (
 __all__ = [
     "BatchInspector",
     "EvalModeCheck",
+    "GradientMonitor",
     "GradientWiringCheck",
     "InitialLossCheck",
+    "LossCurveMonitor",
     "NonFiniteTracer",
     "OverfitBatchCheck",
     "StructureProbe",

@@ -27,7 +27,7 @@ from lightning_triage.functional.batch import split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, Task, chance_level, infer_task
 from lightning_triage.functional.hooks import capture_last_output
 from lightning_triage.functional.overfit import (
-    CurveVerdict,
+    OverfitVerdict,
     batch_size_of,
     judge_curve,
     near_zero_target,
@@ -219,7 +219,7 @@ class OverfitBatchCheck(TriageCallback):
         self.min_steps = min_steps
         self.task = task
         self.num_classes = num_classes
-        self.verdict: CurveVerdict | None = None
+        self.verdict: OverfitVerdict | None = None
         self.curve: list[list[float]] = []
         self._attempted = False
 
@@ -444,7 +444,7 @@ class OverfitBatchCheck(TriageCallback):
             evidence["optimizer_fallback"] = run.fallback
         opt_text = run.optimizer + (f" ({run.fallback})" if run.fallback else "")
         if run.detached:
-            self.verdict = CurveVerdict("failed", "detached", losses[0], losses[0], losses[0], 1,
+            self.verdict = OverfitVerdict("failed", "detached", losses[0], losses[0], losses[0], 1,
                                         run.target)
             causes = ["loss not connected: the loss returned by `training_step` has no "
                       "`grad_fn`, so nothing can be trained (see `wiring.loss_detached`)"]
@@ -482,7 +482,7 @@ class OverfitBatchCheck(TriageCallback):
         self._failed(trainer, run, self._causes(run, verdict), evidence, cost, opt_text,
                      target_text)
 
-    def _causes(self, run: ProbeRun, verdict: CurveVerdict) -> list[str]:
+    def _causes(self, run: ProbeRun, verdict: OverfitVerdict) -> list[str]:
         causes: list[str] = []
         if verdict.reason == "nonfinite":
             bad = next(i for i, v in enumerate(run.losses) if not math.isfinite(v))

@@ -16,8 +16,10 @@ from typing_extensions import override
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
 from lightning_triage.callbacks.eval_mode import EvalModeCheck
+from lightning_triage.callbacks.gradient_monitor import GradientMonitor, OnSpike
 from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
 from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
+from lightning_triage.callbacks.loss_curve import LossCurveMonitor
 from lightning_triage.callbacks.nonfinite_tracer import Mode, NonFiniteTracer, OnNonFinite
 from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.report import TriageReport
@@ -61,6 +63,11 @@ class Triage(Callback):
             localize every step; one host sync per step on GPU) or ``"deferred"`` (flags stay on
             the device, read every ``numerics_check_every_n_steps`` steps, no localization).
         numerics_check_every_n_steps: how often deferred mode reads its device flags.
+        window_epochs: epochs of the first-epochs window of the curve and gradient monitors
+            (the window is the longer of ``window_epochs`` and ``window_steps``).
+        window_steps: optimizer steps of that window.
+        watch: keep watching loss and gradient norms for spikes after the window.
+        on_spike: ``"warn"`` or ``"skip"`` (zero the gradients of a step whose norm spikes).
 
     Raises:
         ValueError: for an unknown ``task`` or ``num_classes < 2``, or overfit arguments out
@@ -100,6 +107,10 @@ class Triage(Callback):
         on_nonfinite: OnNonFinite = "stop",
         numerics_mode: Mode = "auto",
         numerics_check_every_n_steps: int = 50,
+        window_epochs: int = 2,
+        window_steps: int = 200,
+        watch: bool = True,
+        on_spike: OnSpike = "warn",
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -127,6 +138,10 @@ class Triage(Callback):
         self.on_nonfinite = on_nonfinite
         self.numerics_mode = numerics_mode
         self.numerics_check_every_n_steps = numerics_check_every_n_steps
+        self.window_epochs = window_epochs
+        self.window_steps = window_steps
+        self.watch = watch
+        self.on_spike = on_spike
         self.input_key = input_key
         self.target_key = target_key
         self.checks: list[TriageCallback] = [
@@ -139,6 +154,10 @@ class Triage(Callback):
             StructureProbe(causal=True if causal else None, forward_fn=forward_fn,
                            input_key=input_key, target_key=target_key, strict=strict),
             EvalModeCheck(strict=strict),
+            LossCurveMonitor(task=task, num_classes=num_classes, window_epochs=window_epochs,
+                             window_steps=window_steps, watch=watch, strict=strict),
+            GradientMonitor(window_epochs=window_epochs, window_steps=window_steps, watch=watch,
+                            on_spike=on_spike, strict=strict),
             NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
                             check_every_n_steps=numerics_check_every_n_steps, strict=strict),
         ]

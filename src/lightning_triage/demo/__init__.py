@@ -77,6 +77,10 @@ SCENARIOS: list[Scenario] = [
     Scenario("log-softmax-loss", "the MLP trained with a hand-written `-log(softmax(z))` loss, "
              "SGD lr 2.0: the logits spread until the softmax underflows to 0",
              "numerics.nonfinite_loss", log_softmax_scenario, max_epochs=3),
+    Scenario("lr-50", "the same MLP trained with SGD at lr 50 (the loss overflows in a few steps)",
+             "curve.diverging", _digits(lr=50.0)),
+    Scenario("lr-good", "the same MLP at a good learning rate (Adam, lr 3e-3)",
+             "no problems (curve.healthy)", _digits(lr=3e-3, optimizer="adam")),
 ]
 
 

@@ -17,6 +17,11 @@ from lightning_triage.functional.chance import (
     regression_chance,
     sequence_chance,
 )
+from lightning_triage.functional.curve import (
+    CurveThresholds,
+    CurveVerdict,
+    classify_curve,
+)
 from lightning_triage.functional.data import (
     FeatureMoments,
     FingerprintStore,
@@ -34,6 +39,13 @@ from lightning_triage.functional.data import (
     scale_verdict,
     summarize_tensor,
     target_range,
+)
+from lightning_triage.functional.gradients import (
+    GradThresholds,
+    GradVerdict,
+    classify_gradients,
+    grad_norms,
+    suggest_clip,
 )
 from lightning_triage.functional.hooks import (
     capture_last_output,
@@ -53,7 +65,7 @@ from lightning_triage.functional.nonfinite import (
     tensor_stats,
 )
 from lightning_triage.functional.overfit import (
-    CurveVerdict,
+    OverfitVerdict,
     batch_size_of,
     judge_curve,
     near_zero_target,
@@ -63,6 +75,11 @@ from lightning_triage.functional.overfit import (
 )
 from lightning_triage.functional.series import (
     BoundedSeries,
+)
+from lightning_triage.functional.spikes import (
+    SpikeEvent,
+    SpikeWatch,
+    detect_spikes,
 )
 from lightning_triage.functional.structure import (
     BatchDependence,
@@ -92,14 +109,20 @@ __all__ = [
     "BoundedSeries",
     "CausalDependence",
     "ChanceLevel",
+    "CurveThresholds",
     "CurveVerdict",
     "FeatureMoments",
     "FingerprintStore",
+    "GradThresholds",
+    "GradVerdict",
     "LabelSignal",
     "Localization",
     "LossWatch",
     "ModuleGroup",
     "OutputChange",
+    "OverfitVerdict",
+    "SpikeEvent",
+    "SpikeWatch",
     "TensorStats",
     "TensorSummary",
     "WiringResult",
@@ -116,12 +139,16 @@ __all__ = [
     "chance_level",
     "class_counts",
     "class_imbalance",
+    "classify_curve",
+    "classify_gradients",
     "compare_to_chance",
     "constant_across_batch",
     "describe_groups",
+    "detect_spikes",
     "dtype_max",
     "duplicate_stats",
     "example_fingerprints",
+    "grad_norms",
     "group_by_module",
     "infer_task",
     "input_shift",
@@ -147,6 +174,7 @@ __all__ = [
     "sequence_chance",
     "slice_batch",
     "split_batch",
+    "suggest_clip",
     "summarize_tensor",
     "target_range",
     "tensor_stats",

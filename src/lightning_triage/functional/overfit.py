@@ -122,7 +122,7 @@ Verdict = Literal["passed", "failed", "inconclusive"]
 
 
 @dataclass(frozen=True)
-class CurveVerdict:
+class OverfitVerdict:
     """The outcome of an overfit run.
 
     Attributes:
@@ -178,7 +178,7 @@ def plateaued(losses: Sequence[float], target: float, window: int = 0,
 
 
 def judge_curve(losses: Sequence[float], target: float, steps_allowed: int,
-                floor: float | None = None, min_progress: float = 0.02) -> CurveVerdict:
+                floor: float | None = None, min_progress: float = 0.02) -> OverfitVerdict:
     """Judge an overfit-one-batch loss curve (the loss before each step).
 
     Args:
@@ -200,8 +200,8 @@ def judge_curve(losses: Sequence[float], target: float, steps_allowed: int,
     finite = [v for v in losses if math.isfinite(v)]
     best = min(finite) if finite else math.nan
 
-    def verdict(v: Verdict, reason: str) -> CurveVerdict:
-        return CurveVerdict(v, reason, start, best, final, len(losses), target)
+    def verdict(v: Verdict, reason: str) -> OverfitVerdict:
+        return OverfitVerdict(v, reason, start, best, final, len(losses), target)
 
     if finite and best <= target:
         return verdict("passed", "reached")
@@ -236,7 +236,7 @@ def near_zero_target(start: float, chance: float | None, tolerance: float = 0.05
 
 
 __all__ = [
-    "CurveVerdict",
+    "OverfitVerdict",
     "batch_size_of",
     "judge_curve",
     "near_zero_target",

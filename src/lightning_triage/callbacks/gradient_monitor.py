@@ -1,0 +1,511 @@
+"""Stage 8 (grad): are gradient norms exploding, vanishing, spiking?
+
+Also the long-run gradient watch: gradient-norm spikes and explosions for the whole run, with
+an opt-in action that skips the update of a spiking step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_triage.callbacks._monitor import (
+    WindowMixin,
+    log_finding,
+    log_to_loggers,
+    scalar,
+    validate_window,
+)
+from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.functional.gradients import (
+    GradThresholds,
+    GradVerdict,
+    alive_units,
+    classify_gradients,
+    jumped_first,
+    loss_spike_after,
+    spike_verdict,
+    suggest_clip,
+    update_norms,
+)
+from lightning_triage.functional.series import BoundedSeries
+from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
+
+OnSpike = Literal["warn", "skip"]
+_UNIT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_FP16_AMP = ("16-mixed", "16", "16-mixed-amp")
+
+
+def _module_name(param_name: str) -> str:
+    return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
+
+
+class GradientMonitor(TriageCallback, WindowMixin):
+    """Judge gradient norms in the first epochs, then watch them for spikes for the whole run.
+
+    In ``on_before_optimizer_step`` (gradients unscaled under AMP, not yet clipped) the
+    per-parameter gradient norms are computed with one fused ``torch._foreach_norm`` and kept
+    on the device; every ``flush_every`` steps (default the smallest multiple of
+    ``log_every_n_steps`` >= 100) one stack and one norm give every step's total norm and the
+    chunk moves to the host in one transfer. During the window (``window_epochs`` epochs or
+    ``window_steps`` steps, whichever is longer, at most ``max_window_steps``) the monitor also
+    tracks units whose gradient is always zero and samples update-to-weight ratios every
+    ``ratio_every`` steps; at the end of the window
+    :func:`~lightning_triage.functional.gradients.classify_gradients` judges them all.
+
+    After the window, with ``watch=True``, only those norms are computed (the total once per
+    step, shared by the window classifier and the watch) and a
+    :class:`~lightning_triage.functional.spikes.SpikeWatch` reports ``grad.spike`` (step,
+    size, level before, which layer jumped first, whether a loss spike followed, a suggested
+    ``gradient_clip_val``) and ``grad.exploding`` (a sustained jump or non-finite norms),
+    marked ``"after_window": true`` and sent to the loggers at once.
+
+    ``on_spike="skip"`` zeroes the gradients of a step whose total norm is above the spike
+    threshold (or non-finite) before the optimizer step, on the device, without a host
+    synchronization; the count is in the report. With momentum or Adam the optimizer still
+    applies its running averages on that step. Under fp16 mixed precision the steps the
+    gradient scaler skips (non-finite gradients) are normal and are not findings.
+
+    Findings: ``grad.exploding``, ``grad.vanishing``, ``grad.spike``, ``grad.dead_units``,
+    ``grad.update_ratio``.
+
+    Args:
+        window_epochs: epochs in the window (the window is the longer of the two).
+        window_steps: optimizer steps in the window.
+        max_window_steps: the window ends here whatever ``window_epochs`` says.
+        watch: keep watching for gradient spikes after the window.
+        on_spike: ``"warn"`` (default) or ``"skip"`` (skip the update of a spiking step).
+        flush_every: optimizer steps between host reads (default: the smallest multiple of
+            ``log_every_n_steps`` that is at least 100).
+        ratio_every: sample the update-to-weight ratio every this many steps in the window.
+        max_points: length bound of the ``grad_norm`` series in the report.
+        strict: raise internal errors instead of disabling the check.
+
+    Raises:
+        ValueError: for invalid arguments (the message names the argument).
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[GradientMonitor(on_spike="skip")])
+
+        In LightningCLI YAML::
+
+            trainer:
+              callbacks:
+                - class_path: lightning_triage.GradientMonitor
+                  init_args: {window_steps: 200, on_spike: warn}
+    """
+
+    def __init__(
+        self,
+        window_epochs: int = 2,
+        window_steps: int = 200,
+        max_window_steps: int = 5000,
+        watch: bool = True,
+        on_spike: OnSpike = "warn",
+        flush_every: int | None = None,
+        ratio_every: int = 10,
+        max_points: int = 1000,
+        *,
+        strict: bool = False,
+    ) -> None:
+        super().__init__(strict=strict)
+        validate_window(window_epochs, window_steps, max_window_steps, flush_every, max_points)
+        if on_spike not in ("warn", "skip"):
+            raise ValueError(f"`on_spike` must be 'warn' or 'skip', got {on_spike!r}.")
+        if not isinstance(watch, bool):
+            raise ValueError(f"`watch` must be a bool, got {watch!r}.")
+        if not isinstance(ratio_every, int) or ratio_every < 1:
+            raise ValueError(f"`ratio_every` must be a positive integer, got {ratio_every!r}.")
+        self.window_epochs = window_epochs
+        self.window_steps = window_steps
+        self.max_window_steps = max_window_steps
+        self.watch = watch
+        self.on_spike = on_spike
+        self.flush_every = flush_every
+        self.ratio_every = ratio_every
+        self.max_points = max_points
+        self.thresholds = GradThresholds()
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        th = self.thresholds
+        self.window_closed = False
+        self.watcher = SpikeWatch(z=th.spike_z, ratio=th.spike_ratio, warmup=th.spike_warmup,
+                                  window=128, patience=16)
+        self.series_norm = BoundedSeries(self.max_points)
+        self.skipped_steps = 0
+        self._skipped_base = 0
+        self.counts = {"spikes_after_window": 0, "explosions_after_window": 0}
+        self._names: list[str] = []
+        self._params: list[nn.Parameter] = []
+        self._weight_idx: list[int] = []
+        self._unit_idx: list[int] = []
+        self._zeros: dict[torch.device, Tensor] = {}
+        self._amp_fp16 = False
+        # device side, this chunk
+        self._p_norms: list[tuple[Tensor, ...]] = []  # per step: the per-parameter norms
+        self._p_loss: list[Tensor] = []
+        self._p_steps: list[int] = []
+        self._need_loss = False
+        self._alive: list[Tensor] | None = None
+        self._snap: list[Tensor] | None = None
+        self._ratio_rows: list[Tensor] = []
+        self._thr: Tensor | None = None
+        self._skipped: Tensor | None = None
+        # host side
+        self.w_steps: list[int] = []
+        self.w_total: list[float] = []
+        self.w_loss: list[float] = []
+        self.w_rows: list[np.ndarray] = []
+        # the last chunks (steps, totals, per-parameter norms, losses): context of a spike
+        self._recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self._flush_n: int | None = None
+        self._layer_base: np.ndarray | None = None
+        self._pending_spikes: list[SpikeEvent] = []
+        self._reported: set[tuple[str, int]] = set()
+
+    # ------------------------------------------------------------------ setup
+    @override
+    @guarded
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            # fp16 mixed precision with a gradient scaler: the scaler skips non-finite steps
+            scaler = getattr(trainer.precision_plugin, "scaler", None)
+            self._amp_fp16 = scaler is not None or (
+                str(trainer.precision) in _FP16_AMP and trainer.strategy.root_device.type == "cuda")
+
+    def _build(self, pl_module: pl.LightningModule) -> None:
+        owners = {}
+        for mod_name, mod in pl_module.named_modules():
+            if isinstance(mod, _UNIT_MODULES):
+                owners[f"{mod_name}.weight" if mod_name else "weight"] = True
+        for name, p in pl_module.named_parameters():
+            if not p.requires_grad:
+                continue
+            j = len(self._params)
+            self._names.append(name)
+            self._params.append(p)
+            if p.ndim >= 2:
+                self._weight_idx.append(j)
+                if name in owners:
+                    self._unit_idx.append(j)
+
+    # ------------------------------------------------------------------ per step
+    @override
+    @guarded
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: Optimizer) -> None:
+        if not self._params:
+            self._build(pl_module)
+            if not self._params:
+                return
+        if self.window_closed and not self.watch and self.on_spike == "warn":
+            return
+        grads = [p.grad for p in self._params]
+        if any(g is None for g in grads):  # no gradient this step: norm 0 in its slot
+            grads = [p.grad if p.grad is not None else self._zero(p) for p in self._params]
+        # one fused kernel per step; the stack and the total norm are taken per chunk at the
+        # flush (the total, computed once there, serves the window classifier and the watch)
+        norms = tuple(torch._foreach_norm(grads))  # type: ignore[arg-type]
+        self._p_norms.append(norms)
+        self._p_steps.append(trainer.global_step)
+        self._need_loss = True
+        if not self.window_closed:
+            self._window_step(trainer)
+        if self.on_spike == "skip":
+            total = torch.linalg.vector_norm(torch.stack(norms).float())
+            if self._thr is None:
+                self._thr = torch.full((), self.watcher.threshold(), device=total.device)
+            self._skip(total)
+
+    def _zero(self, p: Tensor) -> Tensor:
+        zero = self._zeros.get(p.device)
+        if zero is None:
+            zero = self._zeros[p.device] = torch.zeros(1, device=p.device)
+        return zero
+
+    def _window_step(self, trainer: pl.Trainer) -> None:
+        if self._alive is None:
+            self._alive = [torch.zeros(self._params[j].shape[0], dtype=torch.bool,
+                                       device=self._params[j].device) for j in self._unit_idx]
+        for k, j in enumerate(self._unit_idx):
+            g = self._params[j].grad
+            if g is not None:
+                self._alive[k].logical_or_(alive_units(g))
+        if (len(self.w_total) + len(self._p_norms) - 1) % self.ratio_every == 0 and \
+                self._weight_idx:
+            self._snap = [self._params[j].detach().clone() for j in self._weight_idx]
+
+    def _skip(self, total: Tensor) -> None:
+        assert self._thr is not None
+        skip = total > self._thr if self._amp_fp16 else ~(total <= self._thr)
+        for p in self._params:
+            if p.grad is not None:
+                p.grad.masked_fill_(skip, 0.0)
+        if self._skipped is None:
+            self._skipped = torch.zeros((), dtype=torch.long, device=total.device)
+        self._skipped += skip
+
+    @override
+    @guarded
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
+        if not self._need_loss:
+            return
+        self._need_loss = False
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        # the loss only tells whether a loss spike followed a gradient spike: a ratio to its own
+        # recent level, so the accumulation factor does not matter (no op per step for it)
+        value = (loss.detach() if isinstance(loss, Tensor) and loss.numel() == 1
+                 else torch.full((), math.nan, device=self._p_norms[-1][0].device))
+        while len(self._p_loss) < len(self._p_norms):  # manual optimization: several steps
+            self._p_loss.append(value)
+        if self._snap is not None:
+            weights = [self._params[j].detach() for j in self._weight_idx]
+            dn, wn = update_norms(weights, self._snap)
+            self._ratio_rows.append(dn / wn)
+            self._snap = None
+        if len(self._p_norms) >= self.flush_interval(trainer):
+            self._flush(trainer)
+
+    # ------------------------------------------------------------------ flush
+    def _flush(self, trainer: pl.Trainer, epoch_done: bool = False, final: bool = False) -> None:
+        n = min(len(self._p_norms), len(self._p_loss))
+        if n:
+            per = torch.stack([v for step in self._p_norms[:n] for v in step]).float()
+            per = per.view(n, len(self._params))
+            total = torch.linalg.vector_norm(per, dim=1)
+            loss = torch.stack([v.reshape(()) for v in self._p_loss[:n]]).float()
+            mat = torch.cat([total[:, None], per, loss.to(per.device)[:, None]], dim=1)
+            rows = mat.cpu().double().numpy()  # the one host transfer of the chunk
+            steps = self._p_steps[:n]
+            del self._p_norms[:n], self._p_loss[:n], self._p_steps[:n]
+            if self._skipped is not None:
+                self.skipped_steps = self._skipped_base + int(self._skipped)
+            self.mark_ran()
+            self._consume(trainer, steps, rows)
+        if not self.window_closed and self.w_total and (final or self.window_over(
+                trainer, len(self.w_total), epoch_done)):
+            self._close_window(trainer, complete=not final)
+        self._resolve_spikes(trainer, final)
+
+    def _consume(self, trainer: pl.Trainer, steps: list[int], rows: np.ndarray) -> None:
+        totals, per, loss = rows[:, 0], rows[:, 1:-1], rows[:, -1]
+        every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
+        for s, t in zip(steps, totals, strict=False):
+            self.series_norm.append(s, float(t))
+            if s % every == 0 and math.isfinite(float(t)):
+                metrics = {"triage/grad_norm": float(t)}
+                if self.on_spike == "skip":
+                    metrics["triage/skipped_steps"] = float(self.skipped_steps)
+                log_to_loggers(trainer, metrics, s)
+        self._recent.append((np.asarray(steps), totals, per, loss))
+        # keep at least 64 steps of context (bounded: at most 64 + one chunk)
+        while len(self._recent) > 1 and \
+                sum(c[0].size for c in self._recent) - self._recent[0][0].size >= 64:
+            self._recent.popleft()
+        if not self.window_closed:
+            room = self.max_window_steps - len(self.w_total)
+            self.w_steps.extend(steps[:room])
+            self.w_total.extend(float(t) for t in totals[:room])
+            self.w_loss.extend(float(v) for v in loss[:room])
+            self.w_rows.extend(per[:room])
+            verdicts = self._classify(final=False)
+            last = self.w_steps[-1] - self.thresholds.follow_steps
+            self._report(trainer, [v for v in verdicts if v.code != "grad.spike" or v.step <= last],
+                         after_window=False)
+        self._watch(trainer, steps, totals, per)
+
+    def _watch(self, trainer: pl.Trainer, steps: list[int], totals: np.ndarray,
+               per: np.ndarray) -> None:
+        finite = np.isfinite(totals)
+        events: list[SpikeEvent] = []
+        if self._amp_fp16 and not finite.all():
+            # the gradient scaler skips non-finite steps: feed the finite runs only
+            start = None
+            for i in range(len(steps) + 1):
+                ok = i < len(steps) and bool(finite[i])
+                if ok and start is None:
+                    start = i
+                elif not ok and start is not None:
+                    events += self.watcher.update(totals[start:i], start_step=steps[start])
+                    start = None
+        else:
+            events = self.watcher.update(totals, start_step=steps[0])
+        spike_steps = {e.step for e in events}
+        healthy = [r for s, r, ok in zip(steps, per, finite, strict=False) if ok and s not in spike_steps]
+        if healthy:
+            med = np.median(np.stack(healthy), axis=0)
+            self._layer_base = med if self._layer_base is None else 0.5 * (self._layer_base + med)
+        if self._thr is not None:
+            self._thr.fill_(self.watcher.threshold())
+        if not self.window_closed or not self.watch:
+            return
+        for e in events:
+            if e.kind == "spike":
+                self.counts["spikes_after_window"] += 1
+                if len(self._pending_spikes) < 16:
+                    self._pending_spikes.append(e)
+            elif e.kind == "sustained" and e.value > e.level:
+                self.counts["explosions_after_window"] += 1
+                self._report(trainer, [GradVerdict(
+                    "grad.exploding", e.step,
+                    f"the total gradient norm jumped from a running level of {e.level:.3g} to "
+                    f"{e.value:.3g} ({e.ratio:.1f}x) at step {e.step} and stayed there "
+                    f"(confirmed at step {e.confirmed_step}).", None,
+                    {"step": e.step, "norm": e.value, "level_before": e.level,
+                     "ratio": e.ratio, "suggested_clip": suggest_clip(self.watcher.ring),
+                     "kind": "sustained"})], after_window=True)
+            elif e.kind == "nonfinite":
+                i = steps.index(e.step) if e.step in steps else 0
+                if not grew_before(totals, i, e.level, self.thresholds.growth / 10):
+                    continue  # NaN/Inf out of the blue: the numerics stage locates it
+                self.counts["explosions_after_window"] += 1
+                self._report(trainer, [GradVerdict(
+                    "grad.exploding", e.step,
+                    f"the total gradient norm became {e.value} at step {e.step} (running level "
+                    f"before: {e.level:.3g}).", None,
+                    {"step": e.step, "norm": str(e.value), "level_before": e.level,
+                     "kind": "nonfinite"})], after_window=True)
+
+    def _resolve_spikes(self, trainer: pl.Trainer, final: bool) -> None:
+        if not self._pending_spikes or not self._recent:
+            return
+        th = self.thresholds
+        steps = np.concatenate([c[0] for c in self._recent])
+        last = int(steps[-1])
+        keep = []
+        for e in self._pending_spikes:
+            if e.step + th.follow_steps > last and not final:
+                keep.append(e)
+                continue
+            where = np.nonzero(steps == e.step)[0]
+            if where.size == 0:
+                continue
+            i = int(where[0])
+            loss = np.concatenate([c[3] for c in self._recent])
+            followed = loss_spike_after(loss, i, th.follow_steps)
+            names = [_module_name(n) for n in self._names]
+            first = first_row = None
+            ratios: dict[str, float] = {}
+            if self._layer_base is not None:
+                mat = np.concatenate([c[2] for c in self._recent])
+                first, first_row, ratios = jumped_first(mat, names, i, self._layer_base)
+            verdict = spike_verdict(e, clip=suggest_clip(self.watcher.ring, th.clip_quantile),
+                                    followed=followed, first_layer=first,
+                                    first_step=None if first_row is None else int(steps[first_row]),
+                                    layer_ratios=ratios, after_window=True,
+                                    follow_steps=th.follow_steps)
+            self._report(trainer, [verdict], after_window=True)
+        self._pending_spikes = keep
+
+    # ------------------------------------------------------------------ window
+    def _classify(self, final: bool, extra: Mapping[str, Any] | None = None) -> list[GradVerdict]:
+        rows = np.stack(self.w_rows) if self.w_rows else np.zeros((0, len(self._names)))
+        layers = {_module_name(self._names[j]): rows[:, j] for j in self._weight_idx}
+        return classify_gradients(self.w_total, steps=self.w_steps, layers=layers,
+                                  loss=self.w_loss, nonfinite_is_skip=self._amp_fp16,
+                                  final=final, thresholds=self.thresholds, **(extra or {}))
+
+    def _close_window(self, trainer: pl.Trainer, complete: bool = True) -> None:
+        ratios: dict[str, float] = {}
+        if self._ratio_rows:
+            r = torch.stack(self._ratio_rows).cpu().double().numpy()
+            for k, j in enumerate(self._weight_idx):
+                col = r[:, k][np.isfinite(r[:, k])]
+                if col.size:
+                    ratios[_module_name(self._names[j])] = float(np.median(col))
+        dead: dict[str, tuple[int, int]] = {}
+        if self._alive is not None:
+            for k, j in enumerate(self._unit_idx):
+                alive = self._alive[k]
+                dead[_module_name(self._names[j])] = (int((~alive).sum()), int(alive.numel()))
+        verdicts = self._classify(final=True, extra={"update_ratios": ratios, "dead_units": dead})
+        self._report(trainer, verdicts, after_window=False)
+        n = len(self.w_total)
+        fin = [t for t in self.w_total if math.isfinite(t)]
+        self.detail = (f"window of {n} steps: median grad norm "
+                       f"{float(np.median(fin)) if fin else math.nan:.3g}"
+                       f"{'' if complete else ' (run ended inside the window)'}")
+        self.window_closed = True
+        self.w_steps, self.w_total, self.w_loss, self.w_rows = [], [], [], []
+        self._alive, self._snap, self._ratio_rows = None, None, []
+
+    # ------------------------------------------------------------------ findings
+    def _report(self, trainer: pl.Trainer, verdicts: list[GradVerdict], after_window: bool) -> None:
+        for v in verdicts:
+            key = (v.code, v.step)
+            if key in self._reported or len(self._reported) > 200:
+                continue
+            if v.code == "grad.exploding" and not after_window and self.has_finding(v.code):
+                continue
+            self._reported.add(key)
+            finding = self.add_finding(trainer, v.code, v.message, layer=v.layer,
+                                       evidence={**v.evidence, "after_window": after_window},
+                                       global_step=v.step)
+            log_finding(trainer, finding, scalar(v.evidence, "ratio"))
+
+    # ------------------------------------------------------------------ epoch / end
+    @override
+    @guarded
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush(trainer, epoch_done=True)
+
+    @override
+    @guarded
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush(trainer, final=True)
+        parts = [self.detail] if self.detail else []
+        if self.watch:
+            parts.append(f"watch: {self.counts['spikes_after_window']} spike(s), "
+                         f"{self.counts['explosions_after_window']} explosion(s) after the window")
+        if self.on_spike == "skip":
+            parts.append(f"{self.skipped_steps} step(s) skipped (`on_spike='skip'`)")
+        self.detail = "; ".join(parts)
+
+    @override
+    def series(self) -> dict[str, list[list[float]]]:
+        return {"grad_norm": self.series_norm.to_list()}
+
+    # ------------------------------------------------------------------ state
+    @override
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "window_closed": self.window_closed, "watcher": self.watcher.state_dict(),
+            "series": self.series_norm.state_dict(), "skipped_steps": self.skipped_steps
+            if self._skipped is None else self._skipped_base + int(self._skipped),
+            "counts": dict(self.counts), "reported": [list(k) for k in self._reported],
+            "layer_base": None if self._layer_base is None else self._layer_base.tolist(),
+            "w_steps": list(self.w_steps), "w_total": list(self.w_total),
+            "w_loss": list(self.w_loss), "w_rows": [r.tolist() for r in self.w_rows],
+        }
+
+    @override
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self._reset_state()
+        self.window_closed = bool(state.get("window_closed", False))
+        self.watcher.load_state_dict(state.get("watcher", {}))
+        self.series_norm.load_state_dict(state.get("series", {}))
+        self.skipped_steps = self._skipped_base = int(state.get("skipped_steps", 0))
+        self.counts.update(state.get("counts", {}))
+        self._reported = {(str(c), int(s)) for c, s in state.get("reported", [])}
+        base = state.get("layer_base")
+        self._layer_base = None if base is None else np.asarray(base, dtype=np.float64)
+        self.w_steps = [int(s) for s in state.get("w_steps", [])]
+        self.w_total = [float(v) for v in state.get("w_total", [])]
+        self.w_loss = [float(v) for v in state.get("w_loss", [])]
+        self.w_rows = [np.asarray(r, dtype=np.float64) for r in state.get("w_rows", [])]
+
+
+__all__ = ["GradientMonitor", "OnSpike"]

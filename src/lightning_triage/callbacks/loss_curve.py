@@ -1,0 +1,450 @@
+"""Stage 7 (curve): what does the loss curve's shape say about the learning rate?
+
+Also the long-run loss watch: loss spikes and late divergence for the whole run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from contextlib import ExitStack
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_triage.callbacks._monitor import (
+    WindowMixin,
+    log_finding,
+    log_to_loggers,
+    scalar,
+    validate_window,
+)
+from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.callbacks.initial_loss import validate_task
+from lightning_triage.functional.batch import split_batch
+from lightning_triage.functional.chance import (
+    IGNORE_INDEX,
+    ChanceLevel,
+    Task,
+    chance_level,
+    infer_task,
+)
+from lightning_triage.functional.curve import CurveThresholds, CurveVerdict, classify_curve
+from lightning_triage.functional.hooks import LastOutput, capture_last_output
+from lightning_triage.functional.series import BoundedSeries
+from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
+
+_HINTS = {
+    "curve.diverging": "Lower the learning rate (3-10x), add warmup, clip gradients "
+                       "(`gradient_clip_val`), and see the numerics and grad findings.",
+}
+
+
+class LossCurveMonitor(TriageCallback, WindowMixin):
+    """Classify the loss curve of the first epochs, then watch the loss for the whole run.
+
+    During the window (the first ``window_epochs`` epochs or ``window_steps`` optimizer steps,
+    whichever is longer, at most ``max_window_steps``) the training loss of every optimizer step
+    (read from the batch outputs, undoing the division by ``accumulate_grad_batches``) and the
+    validation loss of every validation run are classified by
+    :func:`~lightning_triage.functional.curve.classify_curve`. The chance level comes from the
+    first batch (task inferred like :class:`~lightning_triage.InitialLossCheck`, or given).
+
+    After the window, with ``watch=True``, a
+    :class:`~lightning_triage.functional.spikes.SpikeWatch` keeps robust running statistics of
+    the loss and reports ``curve.loss_spike`` (step, size, level before) and ``curve.diverging``
+    (a sustained rise, or NaN/Inf) for the rest of the run, marked ``"after_window": true``.
+
+    Losses stay on the device and move to the host every ``flush_every`` steps (default: the
+    smallest multiple of ``log_every_n_steps`` >= 100): no host synchronization per step. The
+    running level and the findings go to the trainer's loggers under ``triage/``.
+
+    Findings: ``curve.not_learning``, ``curve.lr_too_low``, ``curve.lr_too_high``,
+    ``curve.diverging``, ``curve.plateau_at_chance``, ``curve.loss_spike``,
+    ``curve.overfitting``, ``curve.healthy`` (info).
+
+    Args:
+        task: ``"auto"`` (infer from the first batch), ``"multiclass"``, ``"binary"``,
+            ``"regression"`` or ``"sequence"``.
+        num_classes: class count (vocabulary size for ``"sequence"``).
+        ignore_index: target value excluded from class statistics.
+        window_epochs: epochs in the window (the window is the longer of the two).
+        window_steps: optimizer steps in the window.
+        max_window_steps: the window ends here whatever ``window_epochs`` says.
+        watch: keep watching for loss spikes and divergence after the window.
+        flush_every: optimizer steps between host reads (default: the smallest multiple of
+            ``log_every_n_steps`` that is at least 100).
+        val_key: the logged metric holding the validation loss when ``validation_step`` returns
+            none (default: a ``callback_metrics`` key with "val" and "loss" in its name).
+        max_points: length bound of the ``train_loss``/``val_loss`` series in the report.
+        strict: raise internal errors instead of disabling the check.
+
+    Raises:
+        ValueError: for invalid arguments (the message names the argument).
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[LossCurveMonitor(window_steps=300)])
+
+        In LightningCLI YAML::
+
+            trainer:
+              callbacks:
+                - class_path: lightning_triage.LossCurveMonitor
+                  init_args: {window_epochs: 2, window_steps: 200}
+    """
+
+    def __init__(
+        self,
+        task: Task = "auto",
+        num_classes: int | None = None,
+        ignore_index: int = IGNORE_INDEX,
+        window_epochs: int = 2,
+        window_steps: int = 200,
+        max_window_steps: int = 5000,
+        watch: bool = True,
+        flush_every: int | None = None,
+        val_key: str | None = None,
+        max_points: int = 1000,
+        *,
+        strict: bool = False,
+    ) -> None:
+        super().__init__(strict=strict)
+        validate_task(task, num_classes)
+        validate_window(window_epochs, window_steps, max_window_steps, flush_every, max_points)
+        if not isinstance(watch, bool):
+            raise ValueError(f"`watch` must be a bool, got {watch!r}.")
+        self.task = task
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+        self.window_epochs = window_epochs
+        self.window_steps = window_steps
+        self.max_window_steps = max_window_steps
+        self.watch = watch
+        self.flush_every = flush_every
+        self.val_key = val_key
+        self.max_points = max_points
+        self.thresholds = CurveThresholds()
+        self.chance: ChanceLevel | None = None
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self.window_closed = False
+        self.train: list[float] = []
+        self.train_steps: list[int] = []
+        self.val: list[tuple[int, float]] = []
+        self.watcher: SpikeWatch | None = None
+        self.train_series = BoundedSeries(self.max_points)
+        self.val_series = BoundedSeries(self.max_points)
+        self.counts = {"spikes_after_window": 0, "divergences_after_window": 0}
+        self._reported: set[tuple[str, int]] = set()
+        self._pending: list[Tensor] = []
+        self._pending_steps: list[int] = []
+        self._scale_by = 1
+        self._flush_n: int | None = None
+        self._val_sum: Tensor | None = None
+        self._val_n = 0
+        self._capture: ExitStack | None = None
+        self._captured: LastOutput | None = None
+        self._targets: Tensor | None = None
+        self._armed = False
+
+    # ------------------------------------------------------------------ chance level
+    def _scale(self) -> float | None:
+        return self.chance.value if self.chance is not None and self.chance.value > 0 else None
+
+    def _make_watcher(self) -> SpikeWatch:
+        th = self.thresholds
+        scale = self._scale() or (abs(self.train[0]) if self.train and math.isfinite(
+            self.train[0]) and self.train[0] != 0 else 1.0)
+        return SpikeWatch(z=th.spike_z, ratio=th.spike_ratio, min_jump=th.spike_jump_frac * scale,
+                          warmup=th.spike_warmup, window=128, patience=16)
+
+    @override
+    @guarded
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self.chance is not None or trainer.global_step != 0 or batch_idx != 0 or self.train:
+            return
+        self._armed = True
+        self._targets = split_batch(batch).targets
+        if self.task == "auto":
+            self._capture = ExitStack()
+            self._captured = self._capture.enter_context(capture_last_output(pl_module))
+
+    def _resolve_chance(self) -> None:
+        captured, self._captured = self._captured, None
+        self._close_capture()
+        targets, self._targets = self._targets, None
+        self._armed = False
+        task: str = self.task
+        num_classes = self.num_classes
+        if task == "auto":
+            inferred = infer_task(captured.output if captured else None, targets,
+                                  self.ignore_index)
+            if inferred is None:
+                return
+            task, guessed = inferred
+            num_classes = num_classes or guessed
+        if task == "regression" and targets is None:
+            return
+        try:
+            self.chance = chance_level(task, num_classes=num_classes, targets=targets,
+                                       ignore_index=self.ignore_index)
+        except ValueError:
+            self.chance = None
+
+    # ------------------------------------------------------------------ per step
+    @override
+    @guarded
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
+        if self._armed:
+            self._resolve_chance()
+        if self.window_closed and not self.watch:
+            return
+        # one value per optimizer step: the last micro-batch of an accumulation cycle
+        if pl_module.automatic_optimization and (batch_idx + 1) % trainer.accumulate_grad_batches \
+                and not trainer.is_last_batch:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            return
+        # the accumulation factor is applied on the host at the flush (no op per step)
+        self._scale_by = trainer.accumulate_grad_batches if pl_module.automatic_optimization \
+            else 1
+        self._pending.append(loss.detach())
+        self._pending_steps.append(max(trainer.global_step - 1, 0))
+        if len(self._pending) >= self.flush_interval(trainer):
+            self._flush(trainer)
+
+    def _flush(self, trainer: pl.Trainer, epoch_done: bool = False) -> None:
+        if self._pending:
+            stacked = torch.stack([v.reshape(()) for v in self._pending]).float()
+            values = (stacked.cpu() * self._scale_by).tolist()
+            steps, self._pending, self._pending_steps = self._pending_steps, [], []
+            self.mark_ran()
+            self._consume(trainer, steps, values)
+        if not self.window_closed and self.train and self.window_over(
+                trainer, len(self.train), epoch_done):
+            self._close_window(trainer)
+
+    def _consume(self, trainer: pl.Trainer, steps: list[int], values: list[float]) -> None:
+        for s, v in zip(steps, values, strict=False):
+            self.train_series.append(s, v)
+        if not self.window_closed:
+            room = self.max_window_steps - len(self.train)
+            self.train.extend(values[:room])
+            self.train_steps.extend(steps[:room])
+            self._report(trainer, self._classify(final=False), after_window=False)
+        if self.watch:
+            if self.watcher is None:
+                self.watcher = self._make_watcher()
+            events = self.watcher.update(values, start_step=steps[0])
+            if self.window_closed:
+                self._report_events(trainer, events, steps, values)
+            if values:
+                log_to_loggers(trainer, {"triage/loss_level": self.watcher.level}
+                               if math.isfinite(self.watcher.level) else {}, steps[-1])
+
+    def _classify(self, final: bool) -> list[CurveVerdict]:
+        prior = self.chance.prior if self.chance is not None and self.chance.task != "regression" \
+            else None
+        return classify_curve(self.train, steps=self.train_steps, val=self.val,
+                              chance=self._scale(), prior=prior, final=final,
+                              thresholds=self.thresholds)
+
+    def _close_window(self, trainer: pl.Trainer, complete: bool = True) -> None:
+        verdicts = self._classify(final=True)
+        self._report(trainer, verdicts, after_window=False)
+        n = len(self.train)
+        shape = next((v.code.split(".", 1)[1] for v in verdicts), None)
+        if shape is None:
+            shape = ("healthy" if n >= self.thresholds.min_steps else
+                     f"too short to classify (fewer than {self.thresholds.min_steps} values)")
+        self.detail = (f"window of {n} steps ({self.train_steps[0]}-{self.train_steps[-1]})"
+                       f"{'' if complete else ' (run ended inside the window)'}: {shape}")
+        self.window_closed = True
+        self.train, self.train_steps = [], []  # the window's values are no longer needed
+
+    # ------------------------------------------------------------------ findings
+    def _report(self, trainer: pl.Trainer, verdicts: list[CurveVerdict], after_window: bool) -> None:
+        for v in verdicts:
+            key = (v.code, v.step)
+            if key in self._reported or (v.code == "curve.healthy" and self.findings):
+                continue
+            if v.code in ("curve.diverging", "curve.overfitting") and self.has_finding(v.code):
+                continue  # one divergence / overfitting verdict per window
+            self._reported.add(key)
+            finding = self.add_finding(
+                trainer, v.code, v.message, hint=_HINTS.get(v.code),
+                evidence={**v.evidence, "after_window": after_window,
+                          "chance": None if self.chance is None else self.chance.value},
+                global_step=v.step)
+            log_finding(trainer, finding, scalar(v.evidence, "ratio"))
+
+    def _report_events(self, trainer: pl.Trainer, events: list[SpikeEvent], steps: list[int],
+                       values: list[float]) -> None:
+        for e in events:
+            if len(self._reported) > 200:
+                break  # bounded: the counts keep going
+            if e.kind == "spike":
+                self.counts["spikes_after_window"] += 1
+                msg = (f"loss spike at step {e.step} (after the first-epochs window): "
+                       f"{e.value:.4g}, {e.ratio:.1f}x the running level {e.level:.4g} "
+                       f"(robust std {e.spread:.3g}).")
+                code = "curve.loss_spike"
+            elif e.kind == "sustained":
+                if not e.value > e.level:
+                    continue
+                self.counts["divergences_after_window"] += 1
+                msg = (f"the loss rose from a running level of {e.level:.4g} to {e.value:.4g} "
+                       f"({e.ratio:.1f}x) at step {e.step} and stayed there (confirmed at step "
+                       f"{e.confirmed_step}): late divergence.")
+                code = "curve.diverging"
+            else:
+                i = steps.index(e.step) if e.step in steps else 0
+                if not grew_before(values, i, e.level, self.thresholds.diverge_ratio):
+                    continue  # NaN/Inf out of the blue: the numerics stage locates it
+                self.counts["divergences_after_window"] += 1
+                msg = (f"the training loss became {e.value} at step {e.step} (after the "
+                       f"first-epochs window; running level before: {e.level:.4g}).")
+                code = "curve.diverging"
+            key = (code, e.step)
+            if key in self._reported:
+                continue
+            self._reported.add(key)
+            finding = self.add_finding(
+                trainer, code, msg, hint=_HINTS.get(code), global_step=e.step,
+                evidence={"step": e.step, "value": e.value, "level_before": e.level,
+                          "spread": e.spread, "ratio": e.ratio, "kind": e.kind,
+                          "confirmed_step": e.confirmed_step, "after_window": True})
+            log_finding(trainer, finding, scalar(finding.evidence, "ratio"))
+
+    # ------------------------------------------------------------------ validation
+    @override
+    @guarded
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_sum, self._val_n = None, 0
+
+    @override
+    @guarded
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                outputs: STEP_OUTPUT, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        if trainer.sanity_checking or dataloader_idx != 0:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, Tensor) and loss.numel() == 1:
+            loss = loss.detach().float()
+            self._val_sum = loss if self._val_sum is None else self._val_sum + loss
+            self._val_n += 1
+
+    def _val_from_metrics(self, trainer: pl.Trainer) -> float | None:
+        metrics = trainer.callback_metrics
+        key = self.val_key
+        if key is None:
+            candidates = sorted(k for k in metrics if "val" in k.lower() and "loss" in k.lower()
+                                and not k.startswith("triage/"))
+            key = next((k for k in candidates if k in ("val_loss", "val/loss")),
+                       candidates[0] if candidates else None)
+        if key is None or key not in metrics:
+            return None
+        value = metrics[key]
+        return float(value) if isinstance(value, (Tensor, float, int)) else None
+
+    @override
+    @guarded
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.global_step == 0:
+            return
+        if self._val_sum is not None and self._val_n:
+            value: float | None = float(self._val_sum) / self._val_n
+        else:
+            value = self._val_from_metrics(trainer)
+        self._val_sum, self._val_n = None, 0
+        if value is None:
+            return
+        step = trainer.global_step - 1
+        self.val_series.append(step, value)
+        if self.window_closed:
+            return
+        self.val.append((step, value))
+        self._flush(trainer)
+        if not self.window_closed:
+            self._report(trainer, self._classify(final=False), after_window=False)
+
+    # ------------------------------------------------------------------ epoch / end
+    @override
+    @guarded
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush(trainer, epoch_done=True)
+
+    @override
+    @guarded
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush(trainer)
+        if not self.window_closed and self.train:
+            self._close_window(trainer, complete=False)
+        if self.watch and self.watcher is not None:
+            self.detail += (f"; watch: {self.counts['spikes_after_window']} spike(s), "
+                            f"{self.counts['divergences_after_window']} divergence(s) after the "
+                            "window")
+
+    @override
+    def series(self) -> dict[str, list[list[float]]]:
+        out = {"train_loss": self.train_series.to_list()}
+        if len(self.val_series):
+            out["val_loss"] = self.val_series.to_list()
+        return out
+
+    # ------------------------------------------------------------------ hooks and state
+    def _close_capture(self) -> None:
+        if self._capture is not None:
+            self._capture.close()
+            self._capture = None
+
+    @override
+    def remove_handles(self) -> None:
+        super().remove_handles()
+        self._close_capture()
+
+    @override
+    def extra_state(self) -> dict[str, Any]:
+        pending = [float(v) * self._scale_by for v in self._pending]
+        return {
+            "window_closed": self.window_closed, "train": list(self.train),
+            "train_steps": list(self.train_steps), "val": [list(v) for v in self.val],
+            "chance": None if self.chance is None else vars(self.chance),
+            "watcher": None if self.watcher is None else self.watcher.state_dict(),
+            "train_series": self.train_series.state_dict(),
+            "val_series": self.val_series.state_dict(), "counts": dict(self.counts),
+            "reported": [list(k) for k in self._reported],
+            "pending": pending, "pending_steps": list(self._pending_steps),
+        }
+
+    @override
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self._reset_state()
+        self.window_closed = bool(state.get("window_closed", False))
+        self.train = [float(v) for v in state.get("train", [])]
+        self.train_steps = [int(s) for s in state.get("train_steps", [])]
+        self.val = [(int(s), float(v)) for s, v in state.get("val", [])]
+        chance = state.get("chance")
+        self.chance = None if chance is None else ChanceLevel(**chance)
+        if state.get("watcher") is not None:
+            self.watcher = self._make_watcher()
+            self.watcher.load_state_dict(state["watcher"])
+        self.train_series.load_state_dict(state.get("train_series", {}))
+        self.val_series.load_state_dict(state.get("val_series", {}))
+        self.counts.update(state.get("counts", {}))
+        self._reported = {(str(c), int(s)) for c, s in state.get("reported", [])}
+        self._pending = [torch.tensor(v) for v in state.get("pending", [])]
+        self._pending_steps = [int(s) for s in state.get("pending_steps", [])]
+
+
+__all__ = ["LossCurveMonitor"]

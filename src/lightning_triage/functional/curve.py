@@ -1,0 +1,397 @@
+"""Loss-curve classification: read a training curve the way an expert does.
+
+:func:`classify_curve` takes plain sequences of numbers (the training loss per optimizer step,
+optionally the validation loss per validation run and the chance level of the task) and returns
+verdicts with the ``curve.*`` codes of the protocol, their step, a message with the numbers and
+the evidence. No Trainer needed: it works as well on a metrics CSV after the fact.
+
+Shape codes (at most one, decided on the whole window): ``diverging``, ``plateau_at_chance``,
+``not_learning``, ``lr_too_low``, ``lr_too_high``; event codes: ``loss_spike`` (one per spike),
+``overfitting``; ``healthy`` (info) when nothing else was found.
+
+Example:
+    >>> import math
+    >>> flat = [2.30 + 0.02 * ((i * 7) % 5 - 2) for i in range(200)]
+    >>> [v.code for v in classify_curve(flat, chance=math.log(10))]
+    ['curve.not_learning']
+    >>> falling = [2.3 * 0.99 ** i + 0.02 * ((i * 7) % 5 - 2) for i in range(200)]
+    >>> [v.code for v in classify_curve(falling, chance=math.log(10))]
+    ['curve.healthy']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lightning_triage.functional.spikes import detect_spikes, grew_before
+
+
+@dataclass(frozen=True)
+class CurveThresholds:
+    """The thresholds of :func:`classify_curve` (calibrated on the labeled curves in the tests).
+
+    Attributes:
+        min_steps: fewer training steps than this: no shape verdict.
+        diverge_ratio: the running median (over ``smooth`` steps) above this multiple of the
+            step-0 loss, still there at the end: diverging.
+        smooth: width of the running median used for divergence and rebounds.
+        chance_tol: "at chance" means within this fraction of the chance level (or the prior).
+        moved_frac: the curve "moved" if it left the chance level by this fraction first.
+        low_progress: a relative decrease (start to end) below this is "no real progress".
+        flat_tol: a relative change below this, without a significant trend, is "flat".
+        trend_t: a slope with a t-statistic beyond this is significant (train loss).
+        val_constant_tol: validation losses within this relative range are "identical" (the
+            weights did not change).
+        rise_ratio: a block median above this multiple of the step-0 loss: the loss rose.
+        rebound_ratio: a block median above this multiple of the best earlier block, by more
+            than ``rebound_min_frac`` of the loss scale: the loss bounced back up.
+        rebound_min_frac: see ``rebound_ratio``.
+        spike_z: a loss spike is this many robust standard deviations above the running level,
+        spike_ratio: this many times the running level,
+        spike_jump_frac: and above it by this fraction of the loss scale (the chance level, else
+            the step-0 loss).
+        spike_warmup: steps of baseline before spikes are looked for.
+        max_spikes: at most this many ``loss_spike`` verdicts.
+        overfit_rise: validation above its best by this fraction...
+        overfit_confirm: ...for this many validation runs in a row, while the training loss
+            keeps falling: overfitting.
+    """
+
+    min_steps: int = 20
+    diverge_ratio: float = 10.0
+    smooth: int = 8
+    chance_tol: float = 0.05
+    moved_frac: float = 0.2
+    low_progress: float = 0.1
+    flat_tol: float = 0.03
+    trend_t: float = 4.0
+    val_constant_tol: float = 1e-6
+    rise_ratio: float = 1.2
+    rebound_ratio: float = 1.5
+    rebound_min_frac: float = 0.1
+    spike_z: float = 8.0
+    spike_ratio: float = 2.0
+    spike_jump_frac: float = 1.0
+    spike_warmup: int = 16
+    max_spikes: int = 5
+    overfit_rise: float = 0.1
+    overfit_confirm: int = 2
+
+
+@dataclass(frozen=True)
+class CurveVerdict:
+    """One verdict of :func:`classify_curve`: a ``curve.*`` code at a step, with the numbers."""
+
+    code: str
+    step: int
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _slope_t(y: np.ndarray) -> tuple[float, float]:
+    """Least-squares slope per step of ``y`` and its t-statistic (0, 0 when undefined)."""
+    n = y.size
+    if n < 4:
+        return 0.0, 0.0
+    t = np.arange(n, dtype=np.float64)
+    t -= t.mean()
+    slope = float((t * (y - y.mean())).sum() / (t * t).sum())
+    resid = y - y.mean() - slope * t
+    dof = n - 2
+    se = math.sqrt(float((resid * resid).sum()) / dof / float((t * t).sum()))
+    if se == 0.0:
+        return slope, 0.0 if slope == 0.0 else math.copysign(math.inf, slope)
+    return slope, slope / se
+
+
+def _running_median(x: np.ndarray, width: int) -> np.ndarray:
+    """Median of each window of ``width`` consecutive values (``len(x) - width + 1`` values)."""
+    width = max(1, min(width, x.size))
+    windows = np.lib.stride_tricks.sliding_window_view(x, width)
+    return np.median(windows, axis=1)
+
+
+def _block_medians(x: np.ndarray, blocks: int) -> np.ndarray:
+    return np.array([float(np.median(b)) for b in np.array_split(x, blocks) if b.size])
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def classify_curve(
+    train: Sequence[float] | np.ndarray,
+    *,
+    steps: Sequence[int] | None = None,
+    val: Sequence[tuple[int, float]] | Sequence[Sequence[float]] | None = None,
+    chance: float | None = None,
+    prior: float | None = None,
+    final: bool = True,
+    thresholds: CurveThresholds | None = None,
+) -> list[CurveVerdict]:
+    """Classify a loss curve.
+
+    Args:
+        train: the training loss per optimizer step (NaN/Inf allowed).
+        steps: the global step of each training value (default ``0, 1, 2, ...``).
+        val: ``(global_step, loss)`` per validation run.
+        chance: the chance-level loss of the task (``ln C``, the target variance for MSE...),
+            enables ``plateau_at_chance`` and scales the spike threshold.
+        prior: the best-constant (prior) loss; "at chance" also matches it.
+        final: ``True`` at the end of the window (shape verdicts); ``False`` mid-window: only
+            what can be decided early (``diverging``, ``loss_spike``, ``overfitting``).
+        thresholds: see :class:`CurveThresholds`.
+
+    Returns:
+        The verdicts, shape verdict first; ``curve.healthy`` alone when nothing was found
+        (only when ``final``).
+
+    Example:
+        >>> spiky = [1.0 + 0.01 * (i % 4) for i in range(100)]
+        >>> spiky[60] = 8.0
+        >>> [(v.code, v.step) for v in classify_curve(spiky, chance=2.3, final=False)]
+        [('curve.loss_spike', 60)]
+    """
+    th = thresholds or CurveThresholds()
+    x = np.asarray(train, dtype=np.float64).reshape(-1)
+    n = x.size
+    st = np.arange(n) if steps is None else np.asarray(steps, dtype=np.int64)
+    if st.size != n:
+        raise ValueError(f"`steps` has {st.size} values for {n} training losses.")
+    vals = [(int(s), float(v)) for s, v in (val or [])]
+    out: list[CurveVerdict] = []
+    if n == 0:
+        return out
+    finite = np.isfinite(x)
+    step0 = float(x[0]) if finite[0] else math.nan
+    scale = chance if chance is not None and chance > 0 else (
+        abs(step0) if math.isfinite(step0) and step0 != 0 else 1.0)
+
+    # ---------------------------------------------------------------- spikes
+    upto = int(np.argmin(finite)) if not finite.all() else n
+    spikes = [e for e in detect_spikes(x[:upto], z=th.spike_z, ratio=th.spike_ratio,
+                                       min_jump=th.spike_jump_frac * scale,
+                                       warmup=th.spike_warmup)
+              if e.kind == "spike"]
+    spike_verdicts = [
+        CurveVerdict(
+            "curve.loss_spike", int(st[e.step]),
+            f"loss spike at step {int(st[e.step])}: {_fmt(e.value)}, {e.ratio:.1f}x the running "
+            f"level {_fmt(e.level)} (robust std {_fmt(e.spread)}).",
+            {"step": int(st[e.step]), "value": e.value, "level_before": e.level,
+             "spread": e.spread, "ratio": e.ratio,
+             "back_to_level_within": _recovery(x, e.step, e.level, e.spread, th)})
+        for e in spikes[: th.max_spikes]]
+
+    # ---------------------------------------------------------------- divergence
+    diverging = _divergence(x, st, vals, step0, th)
+    if diverging is not None:
+        return [diverging, *spike_verdicts]
+    if upto < n:  # a NaN/Inf without growth before it: the numerics stage says where
+        return spike_verdicts
+
+    overfit = _overfitting(x, st, vals, th)
+    events = [*([] if overfit is None else [overfit]), *spike_verdicts]
+    if not final or n < th.min_steps:
+        return events
+    shape = _shape(x, st, vals, step0, chance, prior, scale, th)
+    if shape is not None:
+        return [shape, *events]
+    if events:
+        return events
+    start, end = float(np.median(x[: max(3, n // 10)])), float(np.median(x[-max(5, n // 4):]))
+    return [CurveVerdict(
+        "curve.healthy", int(st[-1]),
+        f"the loss fell from {_fmt(start)} to {_fmt(end)} over {n} steps without spikes, "
+        "rebounds or plateaus.",
+        {"start": start, "end": end, "steps": n})]
+
+
+def _recovery(x: np.ndarray, i: int, level: float, spread: float, th: CurveThresholds
+              ) -> int | None:
+    """Steps after the spike at ``i`` until the loss is back near ``level`` (None: not seen)."""
+    back = level + max(3 * spread, 0.5 * (x[i] - level))
+    after = x[i + 1: i + 1 + 50]
+    hits = np.nonzero(after <= back)[0]
+    return int(hits[0]) + 1 if hits.size else None
+
+
+def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: float,
+                th: CurveThresholds) -> CurveVerdict | None:
+    finite = np.isfinite(x)
+    if not finite.all():
+        i = int(np.argmin(finite))
+        if not grew_before(x, i, step0 if math.isfinite(step0) else math.nan, th.diverge_ratio):
+            return None  # NaN/Inf out of the blue: a numerics bug, not the curve's shape
+        last = float(x[i - 1]) if i > 0 else math.nan
+        early = " so early that the learning rate is the first suspect" if i < 50 else ""
+        return CurveVerdict(
+            "curve.diverging", int(st[i]),
+            f"the training loss became {x[i]} at step {int(st[i])}{early} (step-0 loss "
+            f"{_fmt(step0)}, last finite value {_fmt(last)}).",
+            {"first_nonfinite_step": int(st[i]), "value": str(x[i]), "step0": step0,
+             "last_finite": last, "max_finite": float(np.max(x[:i])) if i else math.nan})
+    for s, v in vals:
+        if not math.isfinite(v):
+            return CurveVerdict(
+                "curve.diverging", s,
+                f"the validation loss became {v} at step {s} while the training loss was "
+                f"finite (step-0 loss {_fmt(step0)}).",
+                {"first_nonfinite_val_step": s, "value": str(v), "step0": step0})
+    if not math.isfinite(step0) or step0 <= 0 or x.size < th.smooth:
+        return None
+    med = _running_median(x, th.smooth)
+    high = med > th.diverge_ratio * step0
+    if not high[-1]:
+        return None
+    # the last crossing into the high region
+    below = np.nonzero(~high)[0]
+    first = int(below[-1]) + 1 if below.size else 0
+    i = first + th.smooth - 1  # the step at which the running median crossed
+    slope, _ = _slope_t(np.log(np.maximum(x[first:], 1e-30)))
+    return CurveVerdict(
+        "curve.diverging", int(st[i]),
+        f"the training loss grew to {_fmt(float(med[-1]))} (running median), "
+        f"{med[-1] / step0:.3g}x the step-0 loss {_fmt(step0)}, and has stayed above "
+        f"{th.diverge_ratio:g}x since step {int(st[i])}.",
+        {"step0": step0, "level": float(med[-1]), "ratio_to_step0": float(med[-1] / step0),
+         "since_step": int(st[i]), "log_slope_per_step": slope})
+
+
+def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
+                 th: CurveThresholds) -> CurveVerdict | None:
+    if len(vals) < 3:
+        return None
+    v = np.array([val for _, val in vals])
+    for j in range(1, len(vals)):
+        best_i = int(np.argmin(v[:j]))
+        best = float(v[best_i])
+        run = v[best_i + 1: j + 1]
+        if run.size < th.overfit_confirm or best <= 0:
+            continue
+        tail = run[-th.overfit_confirm:]
+        rising = bool(np.all(tail > best * (1 + th.overfit_rise))) and bool(
+            np.all(np.diff(run[-th.overfit_confirm - 1:]) >= 0) if run.size > th.overfit_confirm
+            else np.all(np.diff(tail) >= 0))
+        if not rising:
+            continue
+        s_best, s_now = vals[best_i][0], vals[j][0]
+        before = x[(st <= s_best)]
+        after = x[(st > s_best) & (st <= s_now)]
+        if before.size < 3 or after.size < 1:
+            continue
+        tr_best = float(np.median(before[-max(3, before.size // 4):]))
+        tr_now = float(np.median(after[-max(1, after.size // 2):]))
+        if not tr_now < tr_best:
+            continue  # training loss not falling: not overfitting (maybe lr_too_high)
+        gap_best, gap_now = best - tr_best, float(v[j]) - tr_now
+        return CurveVerdict(
+            "curve.overfitting", s_now,
+            f"validation loss rose from its best {_fmt(best)} (step {s_best}) to "
+            f"{_fmt(float(v[j]))} (step {s_now}) while the training loss kept falling "
+            f"({_fmt(tr_best)} -> {_fmt(tr_now)}); the gap widened from {_fmt(gap_best)} to "
+            f"{_fmt(gap_now)}.",
+            {"best_val": best, "best_val_step": s_best, "val": float(v[j]), "step": s_now,
+             "train_at_best": tr_best, "train_now": tr_now, "gap_at_best": gap_best,
+             "gap_now": gap_now})
+    return None
+
+
+def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: float,
+           chance: float | None, prior: float | None, scale: float, th: CurveThresholds
+           ) -> CurveVerdict | None:
+    n = x.size
+    start = float(np.median(x[: max(3, min(20, n // 10))]))
+    end = float(np.median(x[-max(5, n // 4):]))
+    progress = (start - end) / abs(start) if start != 0 else 0.0
+    blocks = _block_medians(x, 8 if n >= 32 else 4)
+    diffs = np.diff(x[n // 2:])
+    noise = float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / math.sqrt(2)) \
+        if diffs.size else 0.0
+    slope, t = _slope_t(x)
+    _last_half_slope, last_half_t = _slope_t(x[n // 2:])
+    v = np.array([val for _, val in vals]) if vals else np.array([])
+    ev: dict[str, Any] = {
+        "steps": n, "step0": step0, "start": start, "end": end, "progress": progress,
+        "slope_per_step": slope, "slope_t": t, "noise": noise,
+        "block_medians": [float(b) for b in blocks], "chance": chance, "prior": prior,
+        "val": [float(a) for a in v[-10:]]}
+    last = int(st[-1])
+
+    # ---- plateau at chance: moved away, then settled at the chance level (or the prior)
+    if chance is not None and chance > 0:
+        refs = [r for r in (chance, prior) if r is not None and r > 0]
+        near = [r for r in refs if abs(end - r) <= th.chance_tol * r]
+        moved = (abs(step0 - chance) > th.moved_frac * chance
+                 or float(np.max(x)) > 2 * chance
+                 or float(blocks.min()) < (1 - th.moved_frac) * chance)
+        settled = last_half_t > -th.trend_t
+        if near and moved and settled:
+            return CurveVerdict(
+                "curve.plateau_at_chance", last,
+                f"the loss moved (step-0 {_fmt(step0)}, max {_fmt(float(np.max(x)))}) and then "
+                f"settled at {_fmt(end)}, the chance level {_fmt(chance)}"
+                f"{'' if prior is None else f' (prior {_fmt(prior)})'}: the model predicts "
+                "the same distribution for every input.",
+                {**ev, "level": end, "max": float(np.max(x))})
+
+    rose = float(blocks[1:].max()) > th.rise_ratio * step0 if blocks.size > 1 else False
+    # ---- no real progress: flat (not learning) or a steady crawl (learning rate too low)
+    from_step0 = (step0 - end) / abs(step0) if step0 else 0.0
+    if abs(progress) < th.low_progress and abs(from_step0) < th.low_progress and not rose:
+        val_constant = v.size >= 2 and float(np.ptp(v)) <= th.val_constant_tol * abs(float(v[0]))
+        val_falling = v.size >= 2 and bool(np.all(np.diff(v) < 0))
+        if val_constant:
+            declining = False
+        elif val_falling or t < -th.trend_t:
+            declining = True
+        else:
+            declining = False
+        if declining and (progress > 0 or val_falling):
+            rate = (float(v[0] - v[-1]) / abs(float(v[0]))) if val_falling else progress
+            return CurveVerdict(
+                "curve.lr_too_low", last,
+                f"the loss declines slowly and steadily: {_fmt(start)} -> {_fmt(end)} over {n} "
+                f"steps ({100 * progress:.2f}%; slope {slope:.3g}/step, t = {t:.1f}"
+                + (f"; validation {_fmt(float(v[0]))} -> {_fmt(float(v[-1]))}, falling at "
+                   "every run" if val_falling else "") + ").",
+                {**ev, "relative_decrease": rate, "val_falling": val_falling})
+        if abs(progress) < th.flat_tol or val_constant or not declining:
+            why = ("the validation loss is identical at every run (the weights do not change)"
+                   if val_constant else f"no significant trend (t = {t:.1f})")
+            return CurveVerdict(
+                "curve.not_learning", last,
+                f"the loss stays at its step-0 value: {_fmt(start)} -> {_fmt(end)} over {n} "
+                f"steps ({100 * progress:+.2f}%), {why}.",
+                {**ev, "val_constant": val_constant})
+
+    # ---- learning rate too high: the loss rises above its start or bounces back up
+    reasons = []
+    if rose:
+        b = int(np.argmax(blocks[1:])) + 1
+        reasons.append(f"it rose to {_fmt(float(blocks[b]))} (block median), "
+                       f"{float(blocks[b]) / step0:.2f}x the step-0 loss {_fmt(step0)}")
+    rebound = None
+    for b in range(1, blocks.size):
+        best = float(blocks[:b].min())
+        if blocks[b] > th.rebound_ratio * best and blocks[b] - best > th.rebound_min_frac * scale:
+            rebound = (b, best, float(blocks[b]))
+            break
+    if rebound is not None:
+        reasons.append(f"it bounced back up from {_fmt(rebound[1])} to {_fmt(rebound[2])} "
+                       f"(block medians, {rebound[2] / rebound[1]:.2f}x)")
+    if reasons:
+        return CurveVerdict(
+            "curve.lr_too_high", last,
+            f"the loss is unstable: {'; '.join(reasons)}; noise {_fmt(noise)} per step "
+            f"around {_fmt(end)}.",
+            {**ev, "rose": rose, "rebound": None if rebound is None else list(rebound)})
+    return None
+
+
+__all__ = ["CurveThresholds", "CurveVerdict", "classify_curve"]

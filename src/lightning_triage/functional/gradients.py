@@ -1,0 +1,362 @@
+"""Gradient statistics and their classification: exploding, vanishing, spikes, dead units,
+update-to-weight ratios.
+
+Two layers: tensor functions that run on the device every step with fused ops and no host
+synchronization (:func:`grad_norms`, :func:`update_norms`, :func:`alive_units`), and
+:func:`classify_gradients`, which judges plain numbers moved to the host (per-step total norms,
+per-layer norm series, update ratios, dead-unit counts) and returns ``grad.*`` verdicts.
+
+Example:
+    >>> import torch
+    >>> grads = [torch.full((3,), 2.0), torch.full((4,), 1.0)]
+    >>> total, per = grad_norms(grads)
+    >>> round(float(total), 3), [round(v, 3) for v in per.tolist()]
+    (4.0, [3.464, 2.0])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_triage.functional.spikes import SpikeEvent, detect_spikes, grew_before
+
+
+# --------------------------------------------------------------------------- device side
+def grad_norms(grads: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """``(total, per_tensor)`` L2 norms of ``grads`` with fused ops, left on their device.
+
+    One ``torch._foreach_norm`` over all tensors, a stack, and the norm of the stacked norms:
+    no host synchronization. Norms are float32.
+    """
+    if not grads:
+        zero = torch.zeros(())
+        return zero, torch.zeros(0)
+    per = torch.stack(torch._foreach_norm(list(grads)))  # mixed dtypes are promoted
+    if per.dtype != torch.float32:
+        per = per.float()
+    return torch.linalg.vector_norm(per), per
+
+
+def update_norms(new: Sequence[Tensor], old: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """``(||new - old||, ||old||)`` per tensor, stacked, with fused ops (update-to-weight)."""
+    diffs = torch._foreach_sub(list(new), list(old))
+    return (torch.stack([n.float() for n in torch._foreach_norm(diffs)]),
+            torch.stack([n.float() for n in torch._foreach_norm(list(old))]))
+
+
+def alive_units(grad: Tensor) -> Tensor:
+    """Per output unit (first dimension) of a weight gradient: any non-zero entry (bool)."""
+    return grad.detach().reshape(grad.shape[0], -1).abs().amax(dim=1) > 0
+
+
+# --------------------------------------------------------------------------- host side
+@dataclass(frozen=True)
+class GradThresholds:
+    """Thresholds of :func:`classify_gradients` (calibrated on the tests' healthy runs).
+
+    Attributes:
+        growth: total norm (median of the last fifth of the window over the first fifth)
+            above this: exploding.
+        depth_ratio: per-layer median norms, first weight layer over the last: above this
+            exploding, below ``1 / depth_ratio`` vanishing.
+        spike_z: a spike is this many robust standard deviations above the running level,
+        spike_ratio: and this many times it.
+        spike_warmup: steps of baseline before spikes are looked for.
+        follow_steps: a loss spike within this many steps after a gradient spike "followed".
+        clip_quantile: the suggested clipping value is this quantile of the healthy norms.
+        ratio_low: update-to-weight ratio (median per layer) below this: far below ~1e-3.
+        ratio_high: above this: far above ~1e-3.
+        dead_fraction: a layer with at least this fraction of units that never got a gradient.
+        min_steps: fewer steps than this: only spikes and non-finite norms are judged.
+        max_spikes: at most this many ``grad.spike`` verdicts.
+    """
+
+    growth: float = 100.0
+    depth_ratio: float = 1e3
+    spike_z: float = 10.0
+    spike_ratio: float = 10.0
+    spike_warmup: int = 16
+    follow_steps: int = 5
+    clip_quantile: float = 0.99
+    ratio_low: float = 1e-5
+    ratio_high: float = 0.3
+    dead_fraction: float = 0.5
+    min_steps: int = 20
+    max_spikes: int = 5
+
+
+@dataclass(frozen=True)
+class GradVerdict:
+    """One verdict of :func:`classify_gradients`."""
+
+    code: str
+    step: int
+    message: str
+    layer: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def suggest_clip(norms: Sequence[float] | np.ndarray, quantile: float = 0.99) -> float | None:
+    """A gradient-clipping value: a high quantile of the finite ``norms``, 2 significant digits.
+
+    Example:
+        >>> suggest_clip([1.0] * 99 + [50.0])
+        1.5
+    """
+    arr = np.asarray(norms, dtype=np.float64)
+    arr = arr[np.isfinite(arr)]
+    if arr.size == 0:
+        return None
+    q = float(np.quantile(arr, quantile))
+    if q <= 0:
+        return None
+    digits = -math.floor(math.log10(q)) + 1
+    return float(round(q, digits))
+
+
+def loss_spike_after(loss: Sequence[float] | np.ndarray, i: int, follow_steps: int,
+                     ratio: float = 2.0, baseline: int = 16) -> int | None:
+    """The offset (0..``follow_steps``) of the first loss value after index ``i`` that is
+    non-finite or above ``ratio`` times the median of the ``baseline`` values before ``i``."""
+    arr = np.asarray(loss, dtype=np.float64)
+    before = arr[max(0, i - baseline):i]
+    before = before[np.isfinite(before)]
+    if before.size == 0:
+        return None
+    level = float(np.median(before))
+    for k in range(follow_steps + 1):
+        if i + k >= arr.size:
+            break
+        v = arr[i + k]
+        if not math.isfinite(v) or (level > 0 and v > ratio * level):
+            return k
+    return None
+
+
+def jumped_first(layer_norms: np.ndarray, names: Sequence[str], i: int,
+                 baseline: np.ndarray, lookback: int = 5, ratio: float = 3.0
+                 ) -> tuple[str | None, int | None, dict[str, float]]:
+    """Which layer's norm jumped first before (or at) row ``i`` of ``layer_norms`` (steps x
+    layers), judged against its ``baseline`` norm: ``(name, row, ratios at row i)``."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = layer_norms / np.where(baseline > 0, baseline, np.nan)
+    ratios = {n: float(r) for n, r in zip(names, rel[i], strict=True) if math.isfinite(float(r))}
+    for row in range(max(0, i - lookback), i + 1):
+        r = rel[row]
+        hit = np.nonzero(np.nan_to_num(r, nan=0.0, posinf=np.inf) > ratio)[0]
+        if hit.size:
+            j = int(hit[np.argmax(np.nan_to_num(r[hit], posinf=1e300))])
+            return names[j], row, ratios
+    if ratios:
+        name = max(ratios, key=ratios.__getitem__)
+        return name, i, ratios
+    return None, None, ratios
+
+
+def spike_verdict(event: SpikeEvent, *, clip: float | None, followed: int | None,
+                  first_layer: str | None = None, first_step: int | None = None,
+                  layer_ratios: Mapping[str, float] | None = None,
+                  after_window: bool = False, follow_steps: int = 5) -> GradVerdict:
+    """A ``grad.spike`` verdict from a spike event and what is known around it."""
+    msg = (f"gradient-norm spike at step {event.step}: total norm {_fmt(event.value)}, "
+           f"{event.ratio:.1f}x the running level {_fmt(event.level)}")
+    if first_layer is not None:
+        msg += f"; `{first_layer}` jumped first (step {first_step})"
+    if followed is not None:
+        msg += (f"; the loss spiked {followed} step(s) later: exploding gradients, clip them")
+    else:
+        msg += f"; no loss spike followed within {follow_steps} steps"
+    if clip is not None:
+        msg += f". Suggested `gradient_clip_val={clip:g}` (the {99}th percentile of healthy norms)"
+    top = dict(sorted((layer_ratios or {}).items(), key=lambda kv: -kv[1])[:5])
+    return GradVerdict(
+        "grad.spike", event.step, msg + ".", first_layer,
+        {"step": event.step, "norm": event.value, "level_before": event.level,
+         "spread": event.spread, "ratio": event.ratio, "loss_spike_followed": followed is not None,
+         "loss_spike_after_steps": followed, "suggested_clip": clip,
+         "first_layer": first_layer, "first_layer_step": first_step,
+         "layer_ratios_top": top, "after_window": after_window})
+
+
+def classify_gradients(
+    total: Sequence[float] | np.ndarray,
+    *,
+    steps: Sequence[int] | None = None,
+    layers: Mapping[str, Sequence[float] | np.ndarray] | None = None,
+    loss: Sequence[float] | np.ndarray | None = None,
+    update_ratios: Mapping[str, float] | None = None,
+    dead_units: Mapping[str, tuple[int, int]] | None = None,
+    nonfinite_is_skip: bool = False,
+    final: bool = True,
+    thresholds: GradThresholds | None = None,
+) -> list[GradVerdict]:
+    """Classify the gradient norms of a window of training.
+
+    Args:
+        total: the total gradient norm per optimizer step.
+        steps: the global step of each value (default ``0, 1, ...``).
+        layers: per-layer (weight tensors, in depth order) norm series aligned with ``total``.
+        loss: the training loss aligned with ``total`` (says whether a loss spike followed a
+            gradient spike).
+        update_ratios: per-layer median ``||delta w|| / ||w||``.
+        dead_units: per layer ``(units that never got a gradient, units)``.
+        nonfinite_is_skip: non-finite norms are steps the fp16 gradient scaler skips: ignore.
+        final: judge the whole window (growth, depth ratios, update ratios, dead units); if
+            ``False`` only spikes and non-finite norms.
+        thresholds: see :class:`GradThresholds`.
+
+    Example:
+        >>> norms = [1.0 + 0.05 * (i % 5) for i in range(60)]
+        >>> norms[40] = 80.0
+        >>> [(v.code, v.step) for v in classify_gradients(norms)]
+        [('grad.spike', 40)]
+    """
+    th = thresholds or GradThresholds()
+    x = np.asarray(total, dtype=np.float64).reshape(-1)
+    st = np.arange(x.size) if steps is None else np.asarray(steps, dtype=np.int64)
+    out: list[GradVerdict] = []
+    if x.size == 0:
+        return out
+    finite = np.isfinite(x)
+    if nonfinite_is_skip:
+        keep = finite
+        x, st = x[keep], st[keep]
+        layers = {k: np.asarray(v, dtype=np.float64)[keep] for k, v in (layers or {}).items()}
+        if loss is not None:
+            loss = np.asarray(loss, dtype=np.float64)[keep]
+        finite = np.ones(x.size, dtype=bool)
+    elif not finite.all():
+        i = int(np.argmin(finite))
+        ref = float(np.median(x[: max(1, min(8, i))])) if i else math.nan
+        if not grew_before(x, i, ref, th.growth / 10):
+            # NaN/Inf out of the blue: a numerics bug (the numerics stage says where)
+            return out
+        out.append(GradVerdict(
+            "grad.exploding", int(st[i]),
+            f"the total gradient norm became {x[i]} at step {int(st[i])} (median before: "
+            f"{_fmt(float(np.median(x[:i]))) if i else 'n/a'}).",
+            None, {"first_nonfinite_step": int(st[i]), "value": str(x[i]),
+                   "median_before": float(np.median(x[:i])) if i else None}))
+        x, st = x[:i], st[:i]
+    if x.size == 0:
+        return out
+    layer_map = dict(layers or {})
+    names = list(layer_map.keys())
+    mat = (np.stack([np.asarray(layer_map[n], dtype=np.float64)[: x.size] for n in names], axis=1)
+           if names else None)
+
+    # ---- spikes
+    events = [e for e in detect_spikes(x, z=th.spike_z, ratio=th.spike_ratio,
+                                       warmup=th.spike_warmup) if e.kind == "spike"]
+    for e in events[: th.max_spikes]:
+        followed = None if loss is None else loss_spike_after(loss, e.step, th.follow_steps)
+        first: str | None = None
+        first_row: int | None = None
+        ratios: dict[str, float] = {}
+        if mat is not None:
+            base = np.median(mat[max(0, e.step - 32):e.step], axis=0)
+            first, first_row, ratios = jumped_first(mat, names, e.step, base)
+        healthy = x[max(0, e.step - 256):e.step]
+        ev = SpikeEvent(e.kind, int(st[e.step]), e.value, e.level, e.spread, e.ratio,
+                        int(st[e.step]))
+        out.append(spike_verdict(ev, clip=suggest_clip(healthy, th.clip_quantile),
+                                 followed=followed, first_layer=first,
+                                 first_step=None if first_row is None else int(st[first_row]),
+                                 layer_ratios=ratios, follow_steps=th.follow_steps))
+    if not final or x.size < th.min_steps:
+        return out
+
+    # ---- growth over time
+    fifth = max(2, x.size // 5)
+    head, tail = float(np.median(x[:fifth])), float(np.median(x[-fifth:]))
+    if head > 0 and tail > th.growth * head and not any(v.code == "grad.exploding" for v in out):
+        roll = np.lib.stride_tricks.sliding_window_view(x, min(8, x.size)).mean(axis=1)
+        cross = np.nonzero(roll > 10 * head)[0]
+        i = int(cross[0]) + min(8, x.size) - 1 if cross.size else x.size - 1
+        out.append(GradVerdict(
+            "grad.exploding", int(st[i]),
+            f"the total gradient norm grew {tail / head:.3g}x over the window: median "
+            f"{_fmt(head)} in the first {fifth} steps, {_fmt(tail)} in the last {fifth} "
+            f"(above 10x the start from step {int(st[i])}).",
+            None, {"first_median": head, "last_median": tail, "growth": tail / head}))
+
+    # ---- depth: first weight layer vs the last one
+    if mat is not None and len(names) >= 3:
+        med = np.median(mat, axis=0)
+        head_n, last = float(med[0]), float(med[-1])
+        if head_n > 0 and last > 0:
+            r = head_n / last
+            per = {n: float(m) for n, m in zip(names, med, strict=True)}
+            if r > th.depth_ratio:
+                out.append(GradVerdict(
+                    "grad.exploding", int(st[-1]),
+                    f"gradient norms grow by {r:.3g}x from the last layer `{names[-1]}` "
+                    f"({_fmt(last)}) back to the first `{names[0]}` ({_fmt(head_n)}): each "
+                    "layer amplifies the gradient (initialization too large?).",
+                    names[0], {"first_layer_norm": head_n, "last_layer_norm": last, "ratio": r,
+                               "layer_medians": per}))
+            elif r < 1 / th.depth_ratio:
+                out.append(GradVerdict(
+                    "grad.vanishing", int(st[-1]),
+                    f"the first layer `{names[0]}` gets gradients {1 / r:.3g}x smaller than the "
+                    f"last `{names[-1]}` (median norms {_fmt(head_n)} vs {_fmt(last)}).",
+                    names[0], {"first_layer_norm": head_n, "last_layer_norm": last, "ratio": r,
+                               "layer_medians": per}))
+
+    # ---- update-to-weight ratios
+    ratios = {k: float(v) for k, v in (update_ratios or {}).items() if math.isfinite(float(v))}
+    low = {k: v for k, v in ratios.items() if v < th.ratio_low}
+    high = {k: v for k, v in ratios.items() if v > th.ratio_high}
+    for group, word, advice in ((high, "above", "lower the learning rate"),
+                                (low, "below", "raise the learning rate (0?)")):
+        if not group:
+            continue
+        worst = max(group, key=lambda k: abs(math.log10(max(group[k], 1e-30)) + 3))
+        out.append(GradVerdict(
+            "grad.update_ratio", int(st[-1]),
+            f"update-to-weight ratio far {word} ~1e-3 in {len(group)} of {len(ratios)} "
+            f"layer(s): `{worst}` {group[worst]:.2g} (median ||dw||/||w|| per step): {advice}.",
+            worst, {"ratios": group, "all_ratios": ratios, "direction": word}))
+
+    # ---- dead units / layers with zero gradient
+    dead = {k: (int(d), int(u)) for k, (d, u) in (dead_units or {}).items() if u > 0}
+    bad = {k: du for k, du in dead.items() if du[0] / du[1] >= th.dead_fraction}
+    if mat is not None:
+        zero = [n for j, n in enumerate(names) if float(np.max(mat[:, j])) == 0.0]
+        for n in zero:
+            bad.setdefault(n, dead.get(n, (0, 0)))
+    if bad:
+        worst = max(bad, key=lambda k: bad[k][0] / bad[k][1] if bad[k][1] else 1.0)
+        d, u = bad[worst]
+        what = (f"{d} of {u} units never got a gradient" if u else "its gradient was always 0")
+        out.append(GradVerdict(
+            "grad.dead_units", int(st[-1]),
+            f"`{worst}`: {what} over {x.size} steps"
+            + (f" (and {len(bad) - 1} more layer(s))" if len(bad) > 1 else "") + ".",
+            worst, {"layers": {k: {"dead": v[0], "units": v[1]} for k, v in bad.items()}}))
+    return out
+
+
+__all__ = [
+    "GradThresholds",
+    "GradVerdict",
+    "alive_units",
+    "classify_gradients",
+    "grad_norms",
+    "jumped_first",
+    "loss_spike_after",
+    "spike_verdict",
+    "suggest_clip",
+    "update_norms",
+]

@@ -1,0 +1,208 @@
+"""classify_curve: synthetic curves (each verdict at its expected step) and the labeled set of
+curves recorded from real short training runs (tests/data/curves.json, built by
+tests/data/make_curves.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lightning_triage.functional.curve import classify_curve
+
+CHANCE = math.log(10)
+FIXTURE = Path(__file__).parents[1] / "data" / "curves.json"
+SHAPES = ("diverging", "plateau_at_chance", "not_learning", "lr_too_low", "lr_too_high")
+
+
+def noise(n: int, scale: float, seed: int = 0) -> np.ndarray:
+    return scale * np.random.default_rng(seed).standard_normal(n)
+
+
+def healthy(n: int = 200, seed: int = 0) -> np.ndarray:
+    t = np.arange(n)
+    return 0.2 + 2.1 * np.exp(-t / 40) + noise(n, 0.05, seed)
+
+
+def codes(verdicts: list) -> list[tuple[str, int]]:
+    return [(v.code.split(".", 1)[1], v.step) for v in verdicts]
+
+
+def test_healthy_decay_is_healthy() -> None:
+    for seed in range(5):
+        assert codes(classify_curve(healthy(seed=seed), chance=CHANCE)) == [("healthy", 199)]
+
+
+def test_flat_curve_is_not_learning() -> None:
+    x = CHANCE + noise(200, 0.05)
+    assert codes(classify_curve(x, chance=CHANCE)) == [("not_learning", 199)]
+
+
+def test_identical_validation_losses_mean_not_learning() -> None:
+    x = CHANCE + noise(200, 0.05)
+    val = [(49, 2.35), (99, 2.35), (149, 2.35), (199, 2.35)]
+    out = classify_curve(x, val=val, chance=CHANCE)
+    assert codes(out) == [("not_learning", 199)]
+    assert out[0].evidence["val_constant"] is True
+
+
+def test_slow_steady_decline_is_lr_too_low() -> None:
+    x = CHANCE - 0.0005 * np.arange(300) + noise(300, 0.02)  # -6.5%: slow, straight, steady
+    assert codes(classify_curve(x, chance=CHANCE)) == [("lr_too_low", 299)]
+
+
+def test_barely_falling_validation_is_lr_too_low() -> None:
+    x = CHANCE + noise(200, 0.05)
+    val = [(49, 2.3550), (99, 2.3549), (149, 2.3548), (199, 2.3547)]
+    assert codes(classify_curve(x, val=val, chance=CHANCE)) == [("lr_too_low", 199)]
+
+
+def test_rising_loss_is_lr_too_high() -> None:
+    x = CHANCE * (1 + 0.004 * np.arange(200)) + noise(200, 0.1)  # up 80%, not 10x
+    out = classify_curve(x, chance=CHANCE)
+    assert codes(out)[0] == ("lr_too_high", 199)
+    assert out[0].evidence["rose"] is True
+
+
+def test_bouncing_back_up_is_lr_too_high() -> None:
+    x = np.concatenate([healthy(100)[:100], 1.5 + noise(100, 0.3, 1)])
+    out = classify_curve(x, chance=CHANCE)
+    assert codes(out)[0] == ("lr_too_high", 199)
+    assert out[0].evidence["rebound"] is not None
+
+
+def test_nonfinite_after_growth_is_diverging_at_that_step() -> None:
+    x = healthy()
+    x[118:123] = [5.0, 40.0, 300.0, 3e3, 4e4]
+    x[123] = np.inf
+    assert codes(classify_curve(x, chance=CHANCE))[0] == ("diverging", 123)
+    # also mid-window
+    assert codes(classify_curve(x[:130], chance=CHANCE, final=False))[0] == ("diverging", 123)
+
+
+def test_nonfinite_out_of_the_blue_is_left_to_numerics() -> None:
+    x = healthy()
+    x[123] = np.nan  # e.g. a log(0) in the loss: the numerics stage locates it
+    assert classify_curve(x, chance=CHANCE) == []
+
+
+def test_geometric_growth_is_diverging_when_it_crosses() -> None:
+    x = np.concatenate([CHANCE + noise(50, 0.02), CHANCE * 1.2 ** np.arange(1, 51)])
+    # the running median (8 steps) passes 10x the step-0 loss 4 steps after the raw curve does
+    raw_cross = 50 + int(np.argmax(CHANCE * 1.2 ** np.arange(1, 51) > 10 * x[0]))
+    out = classify_curve(x, chance=CHANCE)
+    assert out[0].code == "curve.diverging"
+    assert raw_cross <= out[0].step <= raw_cross + 4
+
+
+def test_spike_then_chance_is_plateau_at_chance() -> None:
+    x = np.concatenate([[3.9, 55.0, 450.0, 10.0], CHANCE + noise(196, 0.03)])
+    assert codes(classify_curve(x, chance=CHANCE)) == [("plateau_at_chance", 199)]
+    # the prior counts as chance too (a model that learned only the class frequencies)
+    y = np.concatenate([[3.9, 55.0, 450.0, 10.0], 2.0 + noise(196, 0.03)])
+    assert codes(classify_curve(y, chance=CHANCE, prior=2.0)) == [("plateau_at_chance", 199)]
+    assert codes(classify_curve(y, chance=CHANCE))[0][0] != "plateau_at_chance"
+
+
+def test_isolated_spike_is_reported_at_its_step() -> None:
+    x = healthy()
+    x[150] = 6.0
+    assert codes(classify_curve(x, chance=CHANCE)) == [("loss_spike", 150)]
+    assert codes(classify_curve(x[:160], chance=CHANCE, final=False)) == [("loss_spike", 150)]
+    ev = classify_curve(x, chance=CHANCE)[0].evidence
+    assert ev["back_to_level_within"] == 1
+    # the running median of the recent accepted values (it lags a falling curve)
+    assert 0.2 < ev["level_before"] < 0.2 + 2.1 * math.exp(-22 / 40)
+
+
+def test_overfitting_fires_at_the_confirming_validation_run() -> None:
+    x = 2.0 * np.exp(-np.arange(200) / 30) + 0.01 + noise(200, 0.005)
+    vals = [1.5, 1.0, 0.7, 0.6, 0.62, 0.68, 0.75, 0.8]  # best at step 79; +13% at 119, +25% at 139
+    val = [(19 + 20 * i, v) for i, v in enumerate(vals)]
+    out = classify_curve(x, val=val, chance=CHANCE)
+    assert ("overfitting", 139) in codes(out)
+    over = next(v for v in out if v.code == "curve.overfitting")
+    assert over.evidence["best_val_step"] == 79
+    assert over.evidence["gap_now"] > over.evidence["gap_at_best"]
+
+
+def test_validation_bump_that_recovers_is_not_overfitting() -> None:
+    x = healthy()
+    val = [(39, 1.0), (79, 0.6), (119, 0.8), (159, 0.5), (199, 0.4)]
+    assert codes(classify_curve(x, val=val, chance=CHANCE)) == [("healthy", 199)]
+
+
+def test_short_curves_get_no_shape_verdict() -> None:
+    assert classify_curve([2.3] * 10, chance=CHANCE) == []
+    assert classify_curve([], chance=CHANCE) == []
+
+
+def test_steps_relabel_verdicts() -> None:
+    x = healthy()
+    x[150] = 6.0
+    out = classify_curve(x, steps=list(range(1000, 1200)), chance=CHANCE)
+    assert codes(out) == [("loss_spike", 1150)]
+    with pytest.raises(ValueError, match="steps"):
+        classify_curve(x, steps=[1, 2], chance=CHANCE)
+
+
+# --------------------------------------------------------------------------- labeled real runs
+def load_cases() -> list[dict]:
+    return json.loads(FIXTURE.read_text())["cases"]
+
+
+def classify_case(case: dict, final: bool = True, upto: int | None = None) -> list[str]:
+    train = [float(v) for v in case["train"]][:upto]
+    val = [(s, float(v)) for s, v in case["val"] if upto is None or s < upto]
+    return [v.code.split(".", 1)[1]
+            for v in classify_curve(train, val=val, chance=case["chance"], final=final)]
+
+
+def confusion(cases: list[dict]) -> Counter:
+    table: Counter = Counter()
+    for case in cases:
+        got = classify_case(case)
+        shape = next((c for c in got if c in SHAPES), None)
+        predicted = shape or ("overfitting" if "overfitting" in got else
+                              "loss_spike" if "loss_spike" in got else "healthy")
+        table[(case["label"], predicted)] += 1
+    return table
+
+
+@pytest.mark.parametrize("case", load_cases(), ids=lambda c: c["name"])
+def test_labeled_curve(case: dict) -> None:
+    got = classify_case(case)
+    if case["label"] == "healthy":
+        assert got == ["healthy"], f"healthy run {case['name']} got {got}"
+    else:
+        assert case["label"] in got, f"{case['name']} ({case['label']}) got {got}"
+
+
+@pytest.mark.parametrize("case", [c for c in load_cases() if c["label"] == "healthy"],
+                         ids=lambda c: c["name"])
+def test_healthy_runs_stay_silent_mid_window(case: dict) -> None:
+    for upto in range(20, len(case["train"]), 20):
+        assert classify_case(case, final=False, upto=upto) == [], upto
+
+
+def test_labeled_set_covers_every_label_and_confusion_is_diagonal() -> None:
+    cases = load_cases()
+    labels = Counter(c["label"] for c in cases)
+    assert set(labels) == {"not_learning", "lr_too_low", "lr_too_high", "diverging",
+                           "plateau_at_chance", "overfitting", "healthy"}
+    assert labels["healthy"] >= 8
+    table = confusion(cases)
+    assert all(actual == predicted for actual, predicted in table), table
+
+
+if __name__ == "__main__":  # print the confusion table for docs/curves.md
+    table = confusion(load_cases())
+    labels = sorted({a for a, _ in table} | {p for _, p in table})
+    print("| label \\ verdict | " + " | ".join(labels) + " |")
+    print("|---" * (len(labels) + 1) + "|")
+    for a in labels:
+        print(f"| {a} | " + " | ".join(str(table.get((a, p), "")) for p in labels) + " |")
