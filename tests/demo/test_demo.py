@@ -1,0 +1,39 @@
+"""The demo: every scenario's report shows what it demonstrates; healthy runs have nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from lightning_triage.__main__ import main
+from lightning_triage.demo import SCENARIOS, Scenario, caught, run_scenario
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_scenario_report_shows_what_it_demonstrates(tmp_path: Path, scenario: Scenario) -> None:
+    report = run_scenario(scenario, tmp_path, Console(quiet=True))
+    assert report is not None
+    assert caught(scenario, report), (report["start_here"], [f["code"] for f in report["findings"]])
+    if scenario.expect is None:
+        assert not [f for f in report["findings"] if f["severity"] != "info"]
+
+
+def test_the_detached_encoder_is_named_and_leads_the_report(tmp_path: Path) -> None:
+    scenario = next(s for s in SCENARIOS if s.name == "detached-encoder")
+    report = run_scenario(scenario, tmp_path, Console(quiet=True))
+    assert report is not None
+    assert report["start_here"] == "wiring.no_grad_params"
+    finding = next(f for f in report["findings"] if f["code"] == "wiring.no_grad_params")
+    assert finding["evidence"]["params"] == ["encoder.0.weight", "encoder.0.bias"]
+
+
+def test_command_line_runs_named_scenarios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "scaled-logits", "--report-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "init.loss_above_chance" in out
+    report = json.loads((tmp_path / "scaled-logits" / "triage_report.json").read_text())
+    assert report["start_here"] == "init.loss_above_chance"
+    assert main(["demo", "no-such-scenario"]) == 2
