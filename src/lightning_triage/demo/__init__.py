@@ -133,7 +133,7 @@ def run_demo(names: Sequence[str] | None = None, report_root: str | Path | None 
             results.append((scenario, run_scenario(scenario, root, console)))
     table = Table(title="summary", show_header=True, header_style="bold")
     for column in ("scenario", "start here", "demonstrates", "caught"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for scenario, report in results:
         start = "no report" if report is None else (report["start_here"] or "-")
         ok = caught(scenario, report)
