@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
@@ -19,11 +18,10 @@ from lightning_triage.functional.chance import (
     TASKS,
     ChanceLevel,
     Task,
-    chance_level,
     compare_to_chance,
-    infer_task,
+    resolve_chance,
 )
-from lightning_triage.functional.hooks import LastOutput, capture_last_output
+from lightning_triage.functional.hooks import HeadCapture
 
 
 def validate_task(task: str, num_classes: int | None) -> None:
@@ -112,10 +110,7 @@ class InitialLossCheck(TriageCallback):
         self.target_key = target_key
         self.chance: ChanceLevel | None = None
         self.initial_loss: float | None = None
-        self._capture: ExitStack | None = None
-        self._captured: LastOutput | None = None
-        self._targets: Tensor | None = None
-        self._armed = False
+        self._capture = HeadCapture()
 
     @override
     @guarded
@@ -123,22 +118,16 @@ class InitialLossCheck(TriageCallback):
                              batch: Any, batch_idx: int) -> None:
         if self.ran or trainer.global_step != 0 or batch_idx != 0:
             return
-        self._armed = True
-        self._targets = split_batch(batch, self.input_key, self.target_key).targets
-        if self.task == "auto":
-            self._capture = ExitStack()
-            self._captured = self._capture.enter_context(capture_last_output(pl_module))
+        targets = split_batch(batch, self.input_key, self.target_key).targets
+        self._capture.start(pl_module, targets, hooks=self.task == "auto")
 
     @override
     @guarded
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
-        if not self._armed:
+        if not self._capture.active:
             return
-        self._armed = False
-        captured, self._captured = self._captured, None
-        self._close_capture()
-        targets, self._targets = self._targets, None
+        output, targets = self._capture.finish()
         loss = loss_from_outputs(outputs, pl_module, trainer)
         if loss is None:
             self.skip("the first training step returned no scalar loss")
@@ -148,29 +137,12 @@ class InitialLossCheck(TriageCallback):
         if not math.isfinite(self.initial_loss):
             self.detail = f"step-0 loss is {self.initial_loss}; see the numerics findings"
             return
-        level = self._chance(trainer, captured, targets)
+        level = resolve_chance(self.task, self.num_classes, output, targets, self.ignore_index)
         if level is None:
+            self._chance_unknown(trainer, output, targets)
             return
         self.chance = level
         self._compare(trainer, self.initial_loss, level)
-
-    def _chance(self, trainer: pl.Trainer, captured: LastOutput | None,
-                targets: Tensor | None) -> ChanceLevel | None:
-        task: str = self.task
-        num_classes = self.num_classes
-        output = captured.output if captured is not None else None
-        if task == "auto":
-            inferred = infer_task(output, targets, self.ignore_index)
-            if inferred is None:
-                self._chance_unknown(trainer, output, targets)
-                return None
-            task, guessed = inferred
-            num_classes = num_classes or guessed
-        if task == "regression" and targets is None:
-            self._chance_unknown(trainer, output, targets)
-            return None
-        return chance_level(task, num_classes=num_classes, targets=targets,
-                            ignore_index=self.ignore_index)
 
     def _chance_unknown(self, trainer: pl.Trainer, output: Tensor | None,
                         targets: Tensor | None) -> None:
@@ -224,15 +196,10 @@ class InitialLossCheck(TriageCallback):
                 evidence=evidence, global_step=0,
             )
 
-    def _close_capture(self) -> None:
-        if self._capture is not None:
-            self._capture.close()
-            self._capture = None
-
     @override
     def remove_handles(self) -> None:
         super().remove_handles()
-        self._close_capture()
+        self._capture.close()
 
     @override
     def extra_state(self) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
@@ -30,11 +29,10 @@ from lightning_triage.functional.chance import (
     IGNORE_INDEX,
     ChanceLevel,
     Task,
-    chance_level,
-    infer_task,
+    resolve_chance,
 )
 from lightning_triage.functional.curve import CurveThresholds, CurveVerdict, classify_curve
-from lightning_triage.functional.hooks import LastOutput, capture_last_output
+from lightning_triage.functional.hooks import HeadCapture
 from lightning_triage.functional.series import BoundedSeries
 from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
 
@@ -148,10 +146,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._flush_n: int | None = None
         self._val_sum: Tensor | None = None
         self._val_n = 0
-        self._capture: ExitStack | None = None
-        self._captured: LastOutput | None = None
-        self._targets: Tensor | None = None
-        self._armed = False
+        self._capture = HeadCapture()
 
     # ------------------------------------------------------------------ chance level
     def _scale(self) -> float | None:
@@ -170,31 +165,13 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                              batch: Any, batch_idx: int) -> None:
         if self.chance is not None or trainer.global_step != 0 or batch_idx != 0 or self.train:
             return
-        self._armed = True
-        self._targets = split_batch(batch).targets
-        if self.task == "auto":
-            self._capture = ExitStack()
-            self._captured = self._capture.enter_context(capture_last_output(pl_module))
+        self._capture.start(pl_module, split_batch(batch).targets, hooks=self.task == "auto")
 
     def _resolve_chance(self) -> None:
-        captured, self._captured = self._captured, None
-        self._close_capture()
-        targets, self._targets = self._targets, None
-        self._armed = False
-        task: str = self.task
-        num_classes = self.num_classes
-        if task == "auto":
-            inferred = infer_task(captured.output if captured else None, targets,
-                                  self.ignore_index)
-            if inferred is None:
-                return
-            task, guessed = inferred
-            num_classes = num_classes or guessed
-        if task == "regression" and targets is None:
-            return
+        output, targets = self._capture.finish()
         try:
-            self.chance = chance_level(task, num_classes=num_classes, targets=targets,
-                                       ignore_index=self.ignore_index)
+            self.chance = resolve_chance(self.task, self.num_classes, output, targets,
+                                         self.ignore_index)
         except ValueError:
             self.chance = None
 
@@ -203,7 +180,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     @guarded
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
-        if self._armed:
+        if self._capture.active:
             self._resolve_chance()
         if self.window_closed and not self.watch:
             return
@@ -403,15 +380,10 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         return out
 
     # ------------------------------------------------------------------ hooks and state
-    def _close_capture(self) -> None:
-        if self._capture is not None:
-            self._capture.close()
-            self._capture = None
-
     @override
     def remove_handles(self) -> None:
         super().remove_handles()
-        self._close_capture()
+        self._capture.close()
 
     @override
     def extra_state(self) -> dict[str, Any]:

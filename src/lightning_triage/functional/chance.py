@@ -180,6 +180,28 @@ def chance_level(task: str, *, num_classes: int | None = None, targets: Tensor |
     raise ValueError(f"`task` must be one of {TASKS[1:]}, got {task!r}.")
 
 
+def resolve_chance(task: str, num_classes: int | None, output: Tensor | None,
+                   targets: Tensor | None, ignore_index: int = IGNORE_INDEX) -> ChanceLevel | None:
+    """The chance level of ``task`` (inferred from ``output`` and ``targets`` when ``"auto"``),
+    or ``None`` when it cannot be known.
+
+    Example:
+        >>> resolve_chance("auto", None, torch.randn(8, 10), torch.randint(0, 10, (8,))).task
+        'multiclass'
+        >>> resolve_chance("auto", None, torch.randn(8, 16), None) is None
+        True
+    """
+    if task == "auto":
+        inferred = infer_task(output, targets, ignore_index)
+        if inferred is None:
+            return None
+        task, guessed = inferred
+        num_classes = num_classes or guessed
+    if task == "regression" and targets is None:
+        return None
+    return chance_level(task, num_classes=num_classes, targets=targets, ignore_index=ignore_index)
+
+
 Verdict = Literal["above", "below", "ok"]
 
 

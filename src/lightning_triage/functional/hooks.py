@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from torch import Tensor, nn
@@ -73,3 +73,49 @@ def capture_last_output(module: nn.Module) -> Iterator[LastOutput]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+class HeadCapture:
+    """The head output and the targets of one batch, for checks that infer the task from it.
+
+    Call :meth:`start` before the batch's forward (hooks are registered only when ``hooks`` is
+    true, e.g. when the task must be inferred), :meth:`finish` after it; :meth:`close` removes
+    the hooks whenever the batch does not finish (teardown, crash).
+
+    Example:
+        >>> import torch
+        >>> net = nn.Linear(4, 3)
+        >>> capture = HeadCapture()
+        >>> capture.start(net, targets=torch.tensor([0, 2]))
+        >>> _ = net(torch.randn(2, 4))
+        >>> output, targets = capture.finish()
+        >>> output.shape, targets.tolist(), capture.active
+        (torch.Size([2, 3]), [0, 2], False)
+    """
+
+    def __init__(self) -> None:
+        self._stack: ExitStack | None = None
+        self._captured: LastOutput | None = None
+        self._targets: Tensor | None = None
+        self.active = False
+
+    def start(self, module: nn.Module, targets: Tensor | None, hooks: bool = True) -> None:
+        self.close()
+        self.active = True
+        self._targets = targets
+        if hooks:
+            self._stack = ExitStack()
+            self._captured = self._stack.enter_context(capture_last_output(module))
+
+    def finish(self) -> tuple[Tensor | None, Tensor | None]:
+        """``(head output, targets)`` of the batch; removes the hooks."""
+        output = self._captured.output if self._captured is not None else None
+        targets = self._targets
+        self.close()
+        return output, targets
+
+    def close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+        self._stack, self._captured, self._targets = None, None, None
+        self.active = False
