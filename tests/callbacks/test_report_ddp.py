@@ -5,26 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from lightning_triage import Triage
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
 from tests.helpers import make_trainer
 
 
-@pytest.fixture
-def file_system_sharing():
-    # this sandbox cannot resize shared-memory file descriptors (`unable to resize file`), with or
-    # without lightning-triage; sharing through files works everywhere
-    before = mp.get_sharing_strategy()
-    mp.set_sharing_strategy("file_system")
-    yield
-    mp.set_sharing_strategy(before)
-
-
-@pytest.mark.usefixtures("file_system_sharing")
 def test_ddp_report_gathers_findings_from_every_rank(tmp_path: Path) -> None:
     train, _ = digits_loaders()
     trainer = make_trainer(tmp_path, [Triage(strict=True, verbose=False)], devices=2,
