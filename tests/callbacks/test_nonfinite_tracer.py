@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from lightning_triage import NonFiniteTracer, Triage
 from lightning_triage.findings import Finding
-from tests.helpers import codes, loader, make_trainer, stage_codes
+from tests.helpers import codes, fit_ddp_spawn, loader, make_trainer, stage_codes
 
 N_FEATURES, N_CLASSES, BATCH = 8, 4, 16
 
@@ -539,10 +539,9 @@ class NaNOnRankOne(Classifier):
 
 
 def test_ddp_every_rank_stops_and_the_report_names_the_rank(tmp_path: Path) -> None:
-    triage = Triage(report_dir=tmp_path / "report", strict=True, verbose=False)
-    trainer = make_trainer(tmp_path, [triage], strategy="ddp_spawn", devices=2,
-                           limit_train_batches=4)
-    trainer.fit(NaNOnRankOne(), data())
+    fit_ddp_spawn(lambda: make_trainer(
+        tmp_path, [Triage(report_dir=tmp_path / "report", strict=True, verbose=False)],
+        strategy="ddp_spawn", devices=2, limit_train_batches=4), NaNOnRankOne(), data())
     report = json.loads((tmp_path / "report" / "triage_report.json").read_text())
     numerics = [
         (f["code"], f["rank"], f["global_step"], f["layer"]) for f in report["findings"]

@@ -9,14 +9,14 @@ import torch.distributed as dist
 
 from lightning_triage import Triage
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
-from tests.helpers import make_trainer
+from tests.helpers import fit_ddp_spawn, make_trainer
 
 
 def test_ddp_report_gathers_findings_from_every_rank(tmp_path: Path) -> None:
     train, _ = digits_loaders()
-    trainer = make_trainer(tmp_path, [Triage(strict=True, verbose=False)], devices=2,
-                           strategy="ddp_spawn", limit_train_batches=2)
-    trainer.fit(DigitsMLP(logit_scale=100.0), train)
+    fit_ddp_spawn(lambda: make_trainer(tmp_path, [Triage(strict=True, verbose=False)], devices=2,
+                                       strategy="ddp_spawn", limit_train_batches=2),
+                  DigitsMLP(logit_scale=100.0), train)
     report = json.loads((tmp_path / "triage_report.json").read_text())
     assert report["run"]["world_size"] == 2
     assert report["run"]["strategy"] == "ddp"

@@ -27,7 +27,7 @@ from tests.callbacks.structure_models import (
     next_token_loader,
     pair_loader,
 )
-from tests.helpers import codes, loader, make_trainer, stage_codes
+from tests.helpers import codes, fit_ddp_spawn, loader, make_trainer, stage_codes
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 
@@ -518,9 +518,9 @@ def test_ddp_ranks_take_the_same_passes(tmp_path: Path) -> None:
     """Rank 1 sees all-equal targets (nothing to redraw), rank 0 does not: the target-leak pass
     is skipped on both, the gradient pass runs on both, and nothing hangs."""
     train = DataLoader(RankTargets(), batch_size=16)
-    triage = Triage(report_dir=tmp_path, strict=True, verbose=False)
-    make_trainer(tmp_path, [triage], strategy="ddp_spawn", devices=2, limit_train_batches=2,
-                 use_distributed_sampler=True).fit(Gathering(), train)
+    fit_ddp_spawn(lambda: make_trainer(
+        tmp_path, [Triage(report_dir=tmp_path, strict=True, verbose=False)], strategy="ddp_spawn",
+        devices=2, limit_train_batches=2, use_distributed_sampler=True), Gathering(), train)
     report = json.loads((tmp_path / "triage_report.json").read_text())
     check = next(c for c in report["checks"] if c["check"] == "StructureProbe")
     assert check["status"] == "passed", check
