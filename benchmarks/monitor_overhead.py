@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_triage import GradientMonitor, LossCurveMonitor
+from lightning_triage import GradientMonitor, LossCurveMonitor, NonFiniteTracer
 
 
 class Model(pl.LightningModule):
@@ -82,7 +82,8 @@ class EpochTimer(pl.Callback):
 class HookTimer(pl.Callback):
     """Forwards the per-step hooks to ``inner`` and adds up the CPU time spent in them."""
 
-    HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step",
+    HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward",
+             "on_before_optimizer_step",
              "on_train_epoch_end")
 
     def __init__(self, inner: list[pl.Callback], skip: int) -> None:
@@ -125,8 +126,11 @@ def run(name: str, monitored: bool, args: argparse.Namespace
     callbacks: list[pl.Callback] = [timer]
     hooks = None
     if monitored:
-        hooks = HookTimer([LossCurveMonitor(window_epochs=0, window_steps=20),
-                           GradientMonitor(window_epochs=0, window_steps=20)], args.skip)
+        inner: list[pl.Callback] = [LossCurveMonitor(window_epochs=0, window_steps=20),
+                                    GradientMonitor(window_epochs=0, window_steps=20)]
+        if args.tracer:
+            inner.append(NonFiniteTracer())
+        hooks = HookTimer(inner, args.skip)
         callbacks.append(hooks)
     elif args.empty:
         callbacks += [pl.Callback(), pl.Callback()]  # Lightning's own cost of two callbacks
@@ -147,6 +151,8 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=2, help="epochs not timed (warm-up, window)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tracer", action="store_true",
+                        help="also run NonFiniteTracer: everything that stays on for a long run")
     parser.add_argument("--empty", action="store_true",
                         help="the baseline gets two empty callbacks (Lightning's dispatch cost)")
     args = parser.parse_args()
