@@ -43,9 +43,6 @@ class Triage(Callback):
         causal: ``True``: the model must not look at future positions, always run the causal
             probe; ``False`` (default): run it when the data is next-token prediction (targets
             are the inputs shifted by one position).
-        forward_fn: ``callable(pl_module, batch) -> output`` running the model on a batch, for
-            the structure probes when they cannot find the forward through ``training_step``
-            (manual optimization).
         strict: raise internal errors of checks instead of disabling them (for tests).
         verbose: print the report summary at the end of fit.
         input_key: where the inputs are in a batch the data stage cannot read by itself: a key
@@ -56,6 +53,9 @@ class Triage(Callback):
         overfit_steps: most steps of the overfit probe.
         overfit_budget: seconds the overfit probe may take (skipped when a step says it
             would not fit).
+        forward_fn: ``callable(pl_module, batch) -> output`` running the model on a batch, for
+            the structure probes when they cannot find the forward through ``training_step``
+            (manual optimization).
         on_nonfinite: what :class:`NonFiniteTracer` does when a step goes NaN/Inf: ``"stop"``
             (report, drop the step's update, stop fit), ``"skip"`` (drop it and go on) or
             ``"warn"`` (report only).
