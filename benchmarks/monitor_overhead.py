@@ -21,36 +21,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor, nn
-from torch.nn import functional as F
+from bench_models import BenchModule, small_cnn, tiny_mlp
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_triage import GradientMonitor, LossCurveMonitor, NonFiniteTracer
-
-
-class Model(pl.LightningModule):
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        x, y = batch
-        return F.cross_entropy(self.net(x), y)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
-
-
-def small_cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10))
-
-
-def tiny_mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-
 
 MODELS = {
     "small_cnn": (small_cnn, (1, 28, 28), 64),
@@ -137,7 +111,7 @@ def run(name: str, monitored: bool, args: argparse.Namespace
     trainer = pl.Trainer(max_epochs=args.epochs, accelerator=args.device, devices=1,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callbacks)
-    trainer.fit(Model(build()), loader)
+    trainer.fit(BenchModule(build()), loader)
     timed = sum(c for _, c in timer.times[args.skip:])
     return timer.times[args.skip:], (hooks.seconds / timed if hooks is not None else 0.0)
 

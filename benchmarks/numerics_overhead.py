@@ -23,36 +23,12 @@ from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
+from bench_models import BenchModule, small_cnn, tiny_mlp
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_triage import NonFiniteTracer
-
-
-class Lit(pl.LightningModule):
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        x, y = batch
-        return F.cross_entropy(self.net(x), y)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
-
-
-def small_cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10))
-
-
-def tiny_mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 
 
 def loader(shape: tuple[int, ...], steps: int, batch: int) -> DataLoader:
@@ -115,7 +91,7 @@ def hook_share(make_net: Callable[[], nn.Module], data: DataLoader, bare_step: f
     trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False,
                          num_sanity_val_steps=0, callbacks=[TimedTracer(mode="sync")])
-    trainer.fit(Lit(make_net()), data)
+    trainer.fit(BenchModule(make_net()), data)
     median = statistics.median(TimedTracer.per_step)
     print(f"\ninside the tracer's hooks (sync): median {1e6 * median:.0f} us/step = "
           f"{100 * median / bare_step:.2f}% of the bare step ({1e3 * bare_step:.2f} ms CPU)")
@@ -138,7 +114,7 @@ def run_once(make_net: Callable[[], nn.Module], data: DataLoader, config: str) -
     trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False,
                          num_sanity_val_steps=0, callbacks=callbacks, **kwargs)
-    model = Lit(make_net())
+    model = BenchModule(make_net())
     cpu, wall = time.process_time(), time.perf_counter()
     trainer.fit(model, data)
     return time.process_time() - cpu, time.perf_counter() - wall
