@@ -40,6 +40,7 @@ from lightning_triage.functional.gradients import (
 )
 from lightning_triage.functional.series import BoundedSeries
 from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
+from lightning_triage.probing import step_loss
 
 OnSpike = Literal["warn", "skip"]
 _UNIT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -264,10 +265,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
         if not self._need_loss:
             return
         self._need_loss = False
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        loss = step_loss(outputs)
         # the loss only tells whether a loss spike followed a gradient spike: a ratio to its own
         # recent level, so the accumulation factor does not matter (no op per step for it)
-        value = (loss.detach() if isinstance(loss, Tensor) and loss.numel() == 1
+        value = (loss.detach() if loss is not None
                  else torch.full((), math.nan, device=self._p_norms[-1][0].device))
         while len(self._p_loss) < len(self._p_norms):  # manual optimization: several steps
             self._p_loss.append(value)

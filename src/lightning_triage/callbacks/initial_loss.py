@@ -22,6 +22,7 @@ from lightning_triage.functional.chance import (
     resolve_chance,
 )
 from lightning_triage.functional.hooks import HeadCapture
+from lightning_triage.probing import step_loss
 
 
 def validate_task(task: str, num_classes: int | None) -> None:
@@ -42,8 +43,8 @@ def loss_from_outputs(outputs: STEP_OUTPUT, pl_module: pl.LightningModule,
                       trainer: pl.Trainer) -> Tensor | None:
     """The training-step loss from ``on_train_batch_end`` outputs, undoing Lightning's division
     by ``accumulate_grad_batches`` under automatic optimization."""
-    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-    if not isinstance(loss, Tensor) or loss.numel() != 1:
+    loss = step_loss(outputs)
+    if loss is None:
         return None
     if pl_module.automatic_optimization:
         loss = loss * trainer.accumulate_grad_batches

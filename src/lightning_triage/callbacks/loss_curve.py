@@ -35,6 +35,7 @@ from lightning_triage.functional.curve import CurveThresholds, CurveVerdict, cla
 from lightning_triage.functional.hooks import HeadCapture
 from lightning_triage.functional.series import BoundedSeries
 from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
+from lightning_triage.probing import step_loss
 
 _HINTS = {
     "curve.diverging": "Lower the learning rate (3-10x), add warmup, clip gradients "
@@ -188,8 +189,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         if pl_module.automatic_optimization and (batch_idx + 1) % trainer.accumulate_grad_batches \
                 and not trainer.is_last_batch:
             return
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if not isinstance(loss, Tensor) or loss.numel() != 1:
+        loss = step_loss(outputs)
+        if loss is None:
             return
         # the accumulation factor is applied on the host at the flush (no op per step)
         self._scale_by = trainer.accumulate_grad_batches if pl_module.automatic_optimization \
@@ -315,8 +316,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                                 dataloader_idx: int = 0) -> None:
         if trainer.sanity_checking or dataloader_idx != 0:
             return
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if isinstance(loss, Tensor) and loss.numel() == 1:
+        loss = step_loss(outputs)
+        if loss is not None:
             loss = loss.detach().float()
             self._val_sum = loss if self._val_sum is None else self._val_sum + loss
             self._val_n += 1

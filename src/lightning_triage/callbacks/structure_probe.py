@@ -19,13 +19,13 @@ from typing_extensions import override
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
+from lightning_triage.functional.hooks import first_float_tensor
 from lightning_triage.functional.structure import (
     DEFAULT_TOLERANCE,
     LossWatch,
     aligned_start,
     broadcast_mismatch,
     example_dependence,
-    first_float_tensor,
     is_next_token,
     output_change,
     pairwise_output,

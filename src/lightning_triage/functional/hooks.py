@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -18,19 +18,31 @@ class LastOutput:
         self.output: Tensor | None = None
 
 
-def _first_float_tensor(output: Any) -> Tensor | None:
+def first_float_tensor(output: Any) -> Tensor | None:
+    """The prediction tensor in a model output: the tensor itself, the first floating tensor
+    of a tuple/list, ``logits``/``output``/``pred``... of a dict or an object.
+
+    Example:
+        >>> import torch
+        >>> first_float_tensor((torch.zeros(2, 3), torch.ones(1))).shape
+        torch.Size([2, 3])
+    """
     if isinstance(output, Tensor):
-        return output
+        return output if output.is_floating_point() else None
     if isinstance(output, (list, tuple)):
         for item in output:
             if isinstance(item, Tensor) and item.is_floating_point():
                 return item
-    if isinstance(output, dict):
-        for key in ("logits", "output", "out", "pred", "preds", "y_hat"):
-            if isinstance(output.get(key), Tensor):
-                return output[key]
-    if hasattr(output, "logits") and isinstance(output.logits, Tensor):
-        return output.logits
+        return None
+    if isinstance(output, Mapping):
+        for key in ("logits", "output", "out", "pred", "preds", "prediction", "y_hat"):
+            value = output.get(key)
+            if isinstance(value, Tensor) and value.is_floating_point():
+                return value
+        return None
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, Tensor) and logits.is_floating_point():
+        return logits
     return None
 
 
@@ -56,7 +68,7 @@ def capture_last_output(module: nn.Module) -> Iterator[LastOutput]:
 
     def make_hook(name: str) -> Any:
         def hook(mod: nn.Module, args: Any, output: Any) -> None:
-            tensor = _first_float_tensor(output)
+            tensor = first_float_tensor(output)
             # a 0-d output is a loss, e.g. Lightning's DDP wrapper redirects the LightningModule's
             # forward to `training_step`: keep the head's output seen before it
             if tensor is not None and tensor.ndim > 0:

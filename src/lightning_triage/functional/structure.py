@@ -95,33 +95,6 @@ def replace_tensor(batch: Any, old: Tensor, new: Tensor) -> Any:
     return batch
 
 
-def first_float_tensor(output: Any) -> Tensor | None:
-    """The prediction tensor in a model output: the tensor itself, the first floating tensor
-    of a tuple/list, ``logits``/``output``/``pred``... of a dict or an object.
-
-    Example:
-        >>> first_float_tensor((torch.zeros(2, 3), torch.ones(1))).shape
-        torch.Size([2, 3])
-    """
-    if isinstance(output, Tensor):
-        return output if output.is_floating_point() else None
-    if isinstance(output, (list, tuple)):
-        for item in output:
-            if isinstance(item, Tensor) and item.is_floating_point():
-                return item
-        return None
-    if isinstance(output, Mapping):
-        for key in ("logits", "output", "out", "pred", "preds", "prediction", "y_hat"):
-            value = output.get(key)
-            if isinstance(value, Tensor) and value.is_floating_point():
-                return value
-        return None
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, Tensor) and logits.is_floating_point():
-        return logits
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # batch independence
 # ---------------------------------------------------------------------------------------------
@@ -560,7 +533,6 @@ __all__ = [
     "broadcast_mismatch",
     "causal_leak",
     "example_dependence",
-    "first_float_tensor",
     "is_next_token",
     "output_change",
     "pairwise_output",
