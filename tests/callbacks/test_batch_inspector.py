@@ -359,13 +359,16 @@ def test_off_by_one_in_sanity_check_with_triage(tmp_path, digits, num_classes):
     assert (f.evidence["num_classes_from"] == "`num_classes`") == (num_classes == 10)
 
 
-@pytest.mark.parametrize("num_batches", [32, 2])
-def test_bad_label_in_a_later_batch_is_named_before_the_crash(tmp_path, digits, num_batches):
+@pytest.mark.parametrize(("num_batches", "fingerprint_batches"), [(32, 256), (2, 256), (2, 2)])
+def test_bad_label_in_a_later_batch_is_named_before_the_crash(tmp_path, digits, num_batches,
+                                                              fingerprint_batches):
     x, y, _, _ = digits
     y = y.clone()
     y[y == 9] = 0
     y[3 * 32 + 5] = 10  # only in batch 3, example 5
-    bi = inspector(num_batches=num_batches)  # with 2, batch 3 is past the window: checked on crash
+    # with num_batches=2, batch 3 is past the window: checked on crash (with fingerprint_batches=2
+    # it is not read at all before the crash)
+    bi = inspector(num_batches=num_batches, fingerprint_batches=fingerprint_batches)
     report = TriageReport(report_dir=tmp_path, verbose=False, strict=True)
     trainer = make_trainer(tmp_path, [bi, report], limit_train_batches=6)
     with pytest.raises(IndexError):

@@ -42,11 +42,10 @@ def guarded(
         try:
             return hook(self, trainer, *args, **kwargs)
         except Exception as exc:
-            if self.strict:
-                raise
-            self._disable_after_error(trainer, hook.__name__, exc)
+            self.hook_failed(trainer, hook.__name__, exc)
             return None
 
+    wrapper.guarded_hook = hook  # type: ignore[attr-defined]  # bundles call it directly
     return wrapper
 
 
@@ -66,6 +65,9 @@ class TriageCallback(Callback):
         self.disabled = False
         self.ran = False
         self.detail = ""
+        #: ``True`` once the check has no per-step work left in this fit: the :class:`Triage`
+        #: bundle stops calling its per-step hooks (a cost every training step would pay).
+        self.idle = False
         self._warned: set[str] = set()
         self._handles: list[RemovableHandle] = []
 
@@ -154,6 +156,13 @@ class TriageCallback(Callback):
         while self._handles:
             self._handles.pop().remove()
 
+    def hook_failed(self, trainer: pl.Trainer | None, hook: str, exc: Exception) -> None:
+        """What :func:`guarded` does with an internal error: raise it (``strict``) or disable the
+        check with a ``triage.check_error`` finding."""
+        if self.strict:
+            raise exc
+        self._disable_after_error(trainer, hook, exc)
+
     def _disable_after_error(self, trainer: pl.Trainer | None, hook: str, exc: Exception) -> None:
         self.remove_handles()
         self.disabled = True
@@ -209,6 +218,8 @@ class TriageCallback(Callback):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handles"] = []  # hook handles hold weak references and are per-process
+        if "_steps" in state:  # a per-epoch view of the trainer's step counter
+            state["_steps"] = None
         return state
 
 

@@ -286,6 +286,13 @@ class BatchInspector(TriageCallback):
                 self._finish_capture(trainer)
                 last = self._last
                 if last is not None and self.classes is not None:
+                    if "targets" not in last:  # a batch after the inspected ones: read it now
+                        layout = locate_batch(last["batch"], self.input_key, self.target_key)
+                        strided = layout.targets is not None and \
+                            layout.targets.layout == torch.strided
+                        last.update(targets=layout.targets if strided else None,
+                                    target_name=layout.target_name,
+                                    global_step=trainer.global_step)
                     self._check_targets(trainer, last["targets"], last["target_name"],
                                         last["split"], last["batch_idx"], last["dataloader_idx"],
                                         last["global_step"])
@@ -301,16 +308,18 @@ class BatchInspector(TriageCallback):
     # ------------------------------------------------------------------ per batch
     def _begin(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, split: str,
                batch_idx: int, dataloader_idx: int) -> None:
-        self._last = None
+        # kept by reference: if this batch crashes the run, `on_exception` checks its targets
+        self._last = {"batch": batch, "split": split, "batch_idx": batch_idx,
+                      "dataloader_idx": dataloader_idx}
+        if not self._wants(split, batch_idx, dataloader_idx):
+            return  # the steady state after the first batches: nothing to read
         layout = self._layout(trainer, batch)
         if layout is None:
             return
         assert layout.inputs is not None
         assert layout.input_name is not None
         step = trainer.global_step
-        self._last = {"targets": layout.targets, "target_name": layout.target_name,
-                      "split": split, "batch_idx": batch_idx, "dataloader_idx": dataloader_idx,
-                      "global_step": step}
+        self._last.update(targets=layout.targets, target_name=layout.target_name, global_step=step)
         if split == "train":
             inspect = self.train_inspected < self.num_batches
             if inspect:
@@ -337,6 +346,16 @@ class BatchInspector(TriageCallback):
         if (inspect and self.classes is None and not self._no_class_count and targets is not None
                 and is_class_target(targets) and self._capture is None):
             self._arm(trainer, pl_module)
+
+    def _wants(self, split: str, batch_idx: int, dataloader_idx: int) -> bool:
+        """Whether this batch is still to be inspected or fingerprinted."""
+        limit = self.fingerprint_batches
+        if split == "train":
+            return (self.train_inspected < self.num_batches or limit is None
+                    or self.train_fingerprinted < limit)
+        return ((dataloader_idx, batch_idx) not in self._val_inspected
+                and len(self._val_inspected) < self.num_batches) or limit is None \
+            or self.val_fingerprinted < limit
 
     def _inspect(self, trainer: pl.Trainer, layout: BatchLayout, split: str, batch_idx: int,
                  dataloader_idx: int, step: int) -> None:
@@ -694,7 +713,7 @@ class BatchInspector(TriageCallback):
         captured, last = self._captured, self._last
         if self.classes is not None or captured is None or captured.output is None or last is None:
             return
-        targets = last["targets"]
+        targets = last.get("targets")
         if targets is None:
             return
         inferred = infer_task(captured.output, targets, self.ignore_index)

@@ -20,10 +20,12 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage.callbacks._monitor import (
+    StepCounter,
     WindowMixin,
     log_finding,
     log_to_loggers,
     scalar,
+    step_counter,
     validate_window,
 )
 from lightning_triage.callbacks.base import TriageCallback, guarded
@@ -154,6 +156,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._unit_idx: list[int] = []
         self._zeros: dict[torch.device, Tensor] = {}
         self._amp_fp16 = False
+        self._steps: StepCounter | None = None
         # device side, this chunk
         self._p_norms: list[tuple[Tensor, ...]] = []  # per step: the per-parameter norms
         self._p_loss: list[Tensor] = []
@@ -205,6 +208,11 @@ class GradientMonitor(TriageCallback, WindowMixin):
     # ------------------------------------------------------------------ per step
     @override
     @guarded
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._steps = step_counter(trainer)
+
+    @override
+    @guarded
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: Optimizer) -> None:
         if not self._params:
@@ -220,7 +228,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         # flush (the total, computed once there, serves the window classifier and the watch)
         norms = tuple(torch._foreach_norm(grads))  # type: ignore[arg-type]
         self._p_norms.append(norms)
-        self._p_steps.append(trainer.global_step)
+        self._p_steps.append(trainer.global_step if self._steps is None else self._steps.completed)
         self._need_loss = True
         if not self.window_closed:
             self._window_step(trainer)
@@ -268,8 +276,11 @@ class GradientMonitor(TriageCallback, WindowMixin):
         loss = step_loss(outputs)
         # the loss only tells whether a loss spike followed a gradient spike: a ratio to its own
         # recent level, so the accumulation factor does not matter (no op per step for it)
-        value = (loss.detach() if loss is not None
-                 else torch.full((), math.nan, device=self._p_norms[-1][0].device))
+        if loss is None:
+            value = torch.full((), math.nan, device=self._p_norms[-1][0].device)
+        else:
+            value = loss.detach()
+            value = value.reshape(()) if value.dim() else value
         while len(self._p_loss) < len(self._p_norms):  # manual optimization: several steps
             self._p_loss.append(value)
         if self._snap is not None:
@@ -287,7 +298,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             per = torch.stack([v for step in self._p_norms[:n] for v in step]).float()
             per = per.view(n, len(self._params))
             total = torch.linalg.vector_norm(per, dim=1)
-            loss = torch.stack([v.reshape(()) for v in self._p_loss[:n]]).float()
+            loss = torch.stack(self._p_loss[:n]).float()
             mat = torch.cat([total[:, None], per, loss.to(per.device)[:, None]], dim=1)
             rows = mat.cpu().double().numpy()  # the one host transfer of the chunk
             steps = self._p_steps[:n]
@@ -303,14 +314,15 @@ class GradientMonitor(TriageCallback, WindowMixin):
 
     def _consume(self, trainer: pl.Trainer, steps: list[int], rows: np.ndarray) -> None:
         totals, per, loss = rows[:, 0], rows[:, 1:-1], rows[:, -1]
-        every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
-        for s, t in zip(steps, totals, strict=False):
-            self.series_norm.append(s, float(t))
-            if s % every == 0 and math.isfinite(float(t)):
-                metrics = {"triage/grad_norm": float(t)}
-                if self.on_spike == "skip":
-                    metrics["triage/skipped_steps"] = float(self.skipped_steps)
-                log_to_loggers(trainer, metrics, s)
+        self.series_norm.extend(steps, totals.tolist())
+        if trainer.loggers:
+            every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
+            for s, t in zip(steps, totals.tolist(), strict=True):
+                if s % every == 0 and math.isfinite(t):
+                    metrics = {"triage/grad_norm": t}
+                    if self.on_spike == "skip":
+                        metrics["triage/skipped_steps"] = float(self.skipped_steps)
+                    log_to_loggers(trainer, metrics, s)
         self._recent.append((np.asarray(steps), totals, per, loss))
         # keep at least 64 steps of context (bounded: at most 64 + one chunk)
         while len(self._recent) > 1 and \
@@ -344,10 +356,9 @@ class GradientMonitor(TriageCallback, WindowMixin):
                     start = None
         else:
             events = self.watcher.update(totals, start_step=steps[0])
-        spike_steps = {e.step for e in events}
-        healthy = [r for s, r, ok in zip(steps, per, finite, strict=False) if ok and s not in spike_steps]
-        if healthy:
-            med = np.median(np.stack(healthy), axis=0)
+        healthy = finite & ~np.isin(steps, [e.step for e in events])
+        if healthy.any():
+            med = np.median(per[healthy], axis=0)
             self._layer_base = med if self._layer_base is None else 0.5 * (self._layer_base + med)
         if self._thr is not None:
             self._thr.fill_(self.watcher.threshold())

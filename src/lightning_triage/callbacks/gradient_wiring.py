@@ -105,6 +105,7 @@ class GradientWiringCheck(TriageCallback):
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            loss: Tensor) -> None:
         if self._done:
+            self.idle = True
             return
         if not self._armed:
             sharded = sharded_strategy(trainer)
@@ -122,7 +123,9 @@ class GradientWiringCheck(TriageCallback):
     @guarded
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
-        if self._armed and not self._done:
+        if self._done:
+            self.idle = True
+        elif self._armed:
             self._evaluate(trainer, pl_module)
 
     # ------------------------------------------------------------------ internals

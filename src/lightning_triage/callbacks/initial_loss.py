@@ -127,6 +127,7 @@ class InitialLossCheck(TriageCallback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
         if not self._capture.active:
+            self.idle = self.ran or trainer.global_step > 0
             return
         output, targets = self._capture.finish()
         loss = loss_from_outputs(outputs, pl_module, trainer)

@@ -16,10 +16,12 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage.callbacks._monitor import (
+    StepCounter,
     WindowMixin,
     log_finding,
     log_to_loggers,
     scalar,
+    step_counter,
     validate_window,
 )
 from lightning_triage.callbacks.base import TriageCallback, guarded
@@ -148,6 +150,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._val_sum: Tensor | None = None
         self._val_n = 0
         self._capture = HeadCapture()
+        self._steps: StepCounter | None = None
 
     # ------------------------------------------------------------------ chance level
     def _scale(self) -> float | None:
@@ -164,7 +167,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     @guarded
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
-        if self.chance is not None or trainer.global_step != 0 or batch_idx != 0 or self.train:
+        if self.chance is not None or self.train or batch_idx != 0 or trainer.global_step != 0:
             return
         self._capture.start(pl_module, split_batch(batch).targets, hooks=self.task == "auto")
 
@@ -179,6 +182,11 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     # ------------------------------------------------------------------ per step
     @override
     @guarded
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._steps = step_counter(trainer)
+
+    @override
+    @guarded
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
         if self._capture.active:
@@ -186,23 +194,24 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         if self.window_closed and not self.watch:
             return
         # one value per optimizer step: the last micro-batch of an accumulation cycle
-        if pl_module.automatic_optimization and (batch_idx + 1) % trainer.accumulate_grad_batches \
-                and not trainer.is_last_batch:
+        accumulate = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+        if (batch_idx + 1) % accumulate and not trainer.is_last_batch:
             return
         loss = step_loss(outputs)
         if loss is None:
             return
         # the accumulation factor is applied on the host at the flush (no op per step)
-        self._scale_by = trainer.accumulate_grad_batches if pl_module.automatic_optimization \
-            else 1
-        self._pending.append(loss.detach())
-        self._pending_steps.append(max(trainer.global_step - 1, 0))
+        self._scale_by = accumulate
+        value = loss.detach()
+        self._pending.append(value.reshape(()) if value.dim() else value)
+        step = trainer.global_step if self._steps is None else self._steps.completed
+        self._pending_steps.append(max(step - 1, 0))
         if len(self._pending) >= self.flush_interval(trainer):
             self._flush(trainer)
 
     def _flush(self, trainer: pl.Trainer, epoch_done: bool = False) -> None:
         if self._pending:
-            stacked = torch.stack([v.reshape(()) for v in self._pending]).float()
+            stacked = torch.stack(self._pending).float()
             values = (stacked.cpu() * self._scale_by).tolist()
             steps, self._pending, self._pending_steps = self._pending_steps, [], []
             self.mark_ran()
@@ -212,8 +221,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             self._close_window(trainer)
 
     def _consume(self, trainer: pl.Trainer, steps: list[int], values: list[float]) -> None:
-        for s, v in zip(steps, values, strict=False):
-            self.train_series.append(s, v)
+        self.train_series.extend(steps, values)
         if not self.window_closed:
             room = self.max_window_steps - len(self.train)
             self.train.extend(values[:room])

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_triage.callbacks._monitor import StepCounter, step_counter
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import split_batch
 from lightning_triage.functional.nonfinite import (
@@ -78,12 +79,13 @@ def _finite(value: Tensor | None) -> bool:
     return value is None or math.isfinite(float(value))
 
 
-def _healthy(total: Tensor | None, is_flag: bool) -> bool:
-    """One host read: a raised flag (``> 0``) or a non-finite peak means a problem."""
-    if total is None:
-        return True
-    value = float(total.sum())
-    return value == 0.0 if is_flag else math.isfinite(value)
+def _healthy(flag: Tensor | None, peak: Tensor | None) -> bool:
+    """One host read: a raised gradient flag (``> 0``) or a non-finite peak means a problem."""
+    if peak is None:
+        return flag is None or flag.item() == 0.0
+    if flag is not None:  # log1p(-flag): 0 for a clear flag, -inf for a raised one
+        peak = peak.to(flag.device) + torch.log1p(-flag).reshape(())
+    return math.isfinite(peak.item())
 
 
 def _to_float32(batch: Any) -> Any:
@@ -209,10 +211,12 @@ class NonFiniteTracer(TriageCallback):
         self.first_step: int | None = None
         # run state
         self._sync = True
+        self._cpu = True
         self._reduced: torch.dtype | None = None
         self._has_scaler = False
         self._cuda: torch.device | None = None
         self._world_size = 1
+        self._steps: StepCounter | None = None
         # per-batch state
         self._batch: Any = None
         self._batch_idx = 0
@@ -246,6 +250,7 @@ class NonFiniteTracer(TriageCallback):
         self._reduced = _REDUCED.get(str(trainer.precision))
         self._has_scaler = getattr(trainer.precision_plugin, "scaler", None) is not None
         self._cuda = device if device.type == "cuda" else None
+        self._cpu = device.type == "cpu"
         self._world_size = trainer.world_size
         self.mark_ran(self._describe())
 
@@ -263,11 +268,16 @@ class NonFiniteTracer(TriageCallback):
     # ------------------------------------------------------------------ per step
     @override
     @guarded
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._steps = step_counter(trainer)
+
+    @override
+    @guarded
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
         self._batch = batch
         self._batch_idx = batch_idx
-        self._batch_step = trainer.global_step
+        self._batch_step = trainer.global_step if self._steps is None else self._steps.completed
         self._loss_bad = False
         self._handled = False
         self._stepped = False
@@ -277,7 +287,7 @@ class NonFiniteTracer(TriageCallback):
             if self._cuda is not None and torch.cuda.is_initialized():
                 self._cuda_rng = torch.cuda.get_rng_state(self._cuda)
         n = self.near_overflow_every_n_steps
-        if (self._reduced is not None and n is not None and trainer.global_step % n == 0
+        if (self._reduced is not None and n is not None and self._batch_step % n == 0
                 and self._peaks is None and batch_idx % trainer.accumulate_grad_batches == 0):
             self._sample_outputs(pl_module)
 
@@ -287,8 +297,8 @@ class NonFiniteTracer(TriageCallback):
                            loss: Tensor) -> None:
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             return
-        if self._sync and loss.device.type == "cpu":  # reading a CPU scalar is free
-            self._loss_bad = self._loss_bad or not math.isfinite(float(loss.detach()))
+        if self._sync and self._cpu:  # reading a CPU scalar is free
+            self._loss_bad = self._loss_bad or not math.isfinite(loss.item())
         else:  # no op here: joins the step's single reduction (every micro-batch's loss)
             self._losses.append(loss.detach())
 
@@ -314,18 +324,14 @@ class NonFiniteTracer(TriageCallback):
             self._defer_step(grads, params)
             return
         # gradients: GradScaler's fused non-finite check into a flag kept on the device; the
-        # parameters (as the previous update left them) are examined whenever something is
-        # non-finite, every `check_every_n_steps` steps and at the end of training
+        # losses (accelerators) and the parameters (as the previous update left them, every
+        # `check_every_n_steps` steps, whenever something is non-finite and at the end of
+        # training) join it in one host read
         flag = gradients_nonfinite(grads, self._found)
-        watched = list(self._losses)
+        watched = self._losses
         if self.check_params and self._batch_step % self.check_every_n_steps == 0:
-            watched += params
-        peak = max_abs(watched)
-        total: Tensor | None = None if peak is None else peak.reshape(1)
-        if flag is not None:
-            raised = torch.log1p(-flag) if total is not None else flag  # log1p: 0 or -inf
-            total = raised if total is None else total.to(raised.device) + raised
-        local_bad = self._loss_bad or not _healthy(total, flag is not None and peak is None)
+            watched = [*watched, *params]
+        local_bad = self._loss_bad or not _healthy(flag, max_abs(watched) if watched else None)
         params_bad = False
         if local_bad:  # the rare path: find out which signal it was
             self._reset_found()

@@ -229,6 +229,7 @@ class OverfitBatchCheck(TriageCallback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
         if self._attempted or trainer.global_step != 0:
+            self.idle = True  # the probe runs at the first step of a fit or not at all
             return
         self._attempted = True
         if not pl_module.automatic_optimization:

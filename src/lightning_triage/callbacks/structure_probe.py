@@ -323,6 +323,7 @@ class StructureProbe(TriageCallback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
         if self.ran or self.results or trainer.global_step != 0 or batch_idx != 0:
+            self.idle = True  # the probe runs on the first batch of a fit or not at all
             return
         start = time.perf_counter()
         self._slot = 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -26,6 +26,9 @@ from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
+
+_PER_STEP = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_backward",
+                       "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"})
 
 
 class Triage(Callback):
@@ -162,6 +165,7 @@ class Triage(Callback):
                             check_every_n_steps=numerics_check_every_n_steps, strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
+        self._callees_by_hook: dict[str, list[tuple[Callback, Callable[..., Any], bool]]] = {}
 
     @property
     def triage_checks(self) -> Sequence[TriageCallback]:
@@ -175,11 +179,48 @@ class Triage(Callback):
                 return check
         raise KeyError(f"No check named {name!r}; have {[type(c).__name__ for c in self.checks]}.")
 
-    def _each(self, hook: str, *args: Any) -> None:
+    def _callees(self, hook: str) -> list[tuple[Callback, Callable[..., Any], bool]]:
+        """``(callback, function, guarded)`` for every callback that implements ``hook``: a
+        :func:`~lightning_triage.callbacks.base.guarded` hook as its undecorated function (the
+        bundle applies the guard itself: one Python call less per check and step), any other
+        as the bound method. Lightning's no-op hooks are left out."""
+        callees: list[tuple[Callback, Callable[..., Any], bool]] = []
+        default = getattr(Callback, hook)
         for cb in (*self.checks, self.report):
-            getattr(cb, hook)(*args)
+            fn = getattr(type(cb), hook)
+            raw = getattr(fn, "guarded_hook", None)
+            if hook in vars(cb) or raw is None or not isinstance(cb, TriageCallback):
+                if hook in vars(cb) or fn is not default:
+                    callees.append((cb, getattr(cb, hook), False))
+            else:
+                callees.append((cb, raw, True))
+        return callees
+
+    def _each(self, hook: str, trainer: pl.Trainer, *args: Any) -> None:
+        """Call ``hook`` on every check that implements it, the report last; per-step hooks
+        skip the checks that are done with their per-step work (``idle``)."""
+        callees = self._callees_by_hook.get(hook)
+        if callees is None:
+            callees = self._callees_by_hook[hook] = self._callees(hook)
+        per_step = hook in _PER_STEP
+        for cb, fn, guarded in callees:
+            if not guarded:
+                fn(trainer, *args)
+                continue
+            assert isinstance(cb, TriageCallback)
+            if cb.disabled or (per_step and cb.idle):
+                continue
+            try:
+                fn(cb, trainer, *args)
+            except Exception as exc:
+                cb.hook_failed(trainer, hook, exc)
 
     # ------------------------------------------------------------------ state
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_callees_by_hook"] = {}  # functions and bound methods: rebuilt on first use
+        return state
+
     @override
     def state_dict(self) -> dict[str, Any]:
         return {check.state_key: check.state_dict() for check in self.checks}
@@ -193,6 +234,9 @@ class Triage(Callback):
     # ------------------------------------------------------------------ hooks
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._callees_by_hook = {}  # `checks` may have been edited since the last fit
+        for check in self.checks:
+            check.idle = False
         self._each("setup", trainer, pl_module, stage)
 
     @override

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,6 +27,9 @@ NonFiniteKind = Literal["forward", "backward", "loss", "finite"]
 
 #: How many finite module outputs before the first non-finite one are kept as evidence.
 DEFAULT_KEEP = 8
+
+#: GradScaler's fused multi-tensor non-finite check (``None`` where this torch lacks it).
+_FUSED_CHECK = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
 
 
 # ---------------------------------------------------------------------- cheap reductions
@@ -86,24 +89,25 @@ def gradients_nonfinite(grads: Sequence[Tensor],
         >>> float(gradients_nonfinite(grads)), grads[0].tolist()
         (1.0, [0.5, -2.0])
     """
-    items = [g for g in grads if g.numel() and g.is_floating_point()]
-    if not items:
-        return None
-    fused = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
     by_device: dict[torch.device, list[Tensor]] = {}
-    for g in items:
-        by_device.setdefault(g.device, []).append(g)
+    tracked = False
+    for g in grads:
+        if g.is_floating_point() and g.numel():
+            by_device.setdefault(g.device, []).append(g)
+            tracked = tracked or g.requires_grad  # only with `create_graph=True`
+    if not by_device:
+        return None
     flags: list[Tensor] = []
-    with torch.no_grad():
+    with torch.no_grad() if tracked else nullcontext():  # called every step: skip the switch
         for device, group in by_device.items():
-            if fused is not None and not any(g.is_sparse for g in group):
+            if _FUSED_CHECK is not None and not any(g.is_sparse for g in group):
                 cached = None if buffers is None else buffers.get(device)
                 if cached is None:
                     cached = (torch.zeros(1, device=device), torch.ones(1, device=device))
                     if buffers is not None:
                         buffers[device] = cached
                 found, one = cached
-                fused(group, found, one)
+                _FUSED_CHECK(group, found, one)
                 flags.append(found)
             else:
                 peak = max_abs(group)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class BoundedSeries:
     """Keep at most ``max_points`` points of a series by decimation.
@@ -32,6 +34,11 @@ class BoundedSeries:
                 self.points = self.points[::2]
                 self.stride *= 2
         self._seen += 1
+
+    def extend(self, steps: Iterable[int], values: Iterable[float]) -> None:
+        """:meth:`append` each ``(step, value)`` pair."""
+        for step, value in zip(steps, values, strict=True):
+            self.append(step, value)
 
     def to_list(self) -> list[list[float]]:
         return [list(p) for p in self.points]

@@ -67,6 +67,13 @@ class SpikeEvent:
         return asdict(self)
 
 
+def _median(values: np.ndarray) -> float:
+    """``np.median`` of a non-empty 1-d array, without its overhead (called once per refresh)."""
+    lo, hi = (values.size - 1) // 2, values.size // 2
+    part = np.partition(values, (lo, hi))
+    return 0.5 * (float(part[lo]) + float(part[hi]))
+
+
 def robust_level(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
     """``(median, spread)`` of the finite ``values``; spread = 1.4826 * MAD (0 if empty).
 
@@ -170,21 +177,16 @@ class SpikeWatch:
             self.level, self.spread = math.nan, 0.0
             return
         # the level: median of the most recent values (tracks a falling curve)
-        self.level = float(np.median(ring[-self.level_span:]))
+        self.level = _median(ring[-self.level_span:])
         if n < 3:
             self.spread = 0.0
             return
         # the spread from step-to-step differences: insensitive to the trend of the curve;
         # the upper tail of |diff| widens it for heavy-tailed noise (small noisy batches)
         d = np.diff(ring)
-        m = d.size
-        lo, hi, q = (m - 1) // 2, m // 2, min(m - 1, math.ceil(0.95 * (m - 1)))
-        dmed = 0.5 * float(np.sum(np.partition(d, (lo, hi))[[lo, hi]]))
-        dev = np.abs(d - dmed)
-        mad_spread = MAD_TO_STD * 0.5 * float(np.sum(np.partition(dev, (lo, hi))[[lo, hi]])) \
-            / math.sqrt(2)
-        absd = np.abs(d)
-        tail = float(np.partition(absd, q)[q]) / (1.96 * math.sqrt(2))
+        q = min(d.size - 1, math.ceil(0.95 * (d.size - 1)))
+        mad_spread = MAD_TO_STD * _median(np.abs(d - _median(d))) / math.sqrt(2)
+        tail = float(np.partition(np.abs(d), q)[q]) / (1.96 * math.sqrt(2))
         self.spread = max(mad_spread, tail)
 
     def _accept_many(self, values: np.ndarray) -> None:
