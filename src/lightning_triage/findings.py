@@ -143,6 +143,9 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("structure.target_leak", "error", "The targets reach the forward pass",
           "The model's outputs change when only the targets change: feed the decoder the "
           "targets shifted right, and keep labels out of the features."),
+    _spec("structure.padding_leak", "warning", "Outputs at real positions depend on the padding",
+          "Pass the padding mask to attention (`key_padding_mask`/`attention_mask`), pool over the "
+          "real positions only (masked mean), and give padded targets `ignore_index`."),
     _spec("structure.probe_skipped", "info", "Structure probe skipped",
           "Pass `forward_fn=` (callable(pl_module, batch) -> output; `Triage` takes it too) or "
           "`input_key=`/`target_key=` to `StructureProbe` so the probe can run the model."),

@@ -20,6 +20,7 @@ def test_bundle_runs_every_check_in_protocol_order() -> None:
         "GradientWiringCheck",  # wiring
         "OverfitBatchCheck",  # overfit
         "StructureProbe",  # structure
+        "PaddingProbe",  # structure
         "EvalModeCheck",  # mode
         "LossCurveMonitor",  # curve
         "GradientMonitor",  # grad

@@ -27,6 +27,9 @@ from lightning_triage.callbacks.nonfinite_tracer import (
 from lightning_triage.callbacks.overfit_batch import (
     OverfitBatchCheck,
 )
+from lightning_triage.callbacks.padding_probe import (
+    PaddingProbe,
+)
 from lightning_triage.callbacks.report import (
     TriageReport,
 )
@@ -46,6 +49,7 @@ __all__ = [
     "LossCurveMonitor",
     "NonFiniteTracer",
     "OverfitBatchCheck",
+    "PaddingProbe",
     "StructureProbe",
     "Triage",
     "TriageCallback",
