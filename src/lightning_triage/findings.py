@@ -170,6 +170,12 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("curve.overfitting", "warning", "Training loss falls while validation loss rises",
           "Add regularization or data, or stop earlier; check train/val distributions."),
     _spec("curve.healthy", "info", "The loss curve looks healthy", "Nothing to do."),
+    _spec("curve.no_validation", "info", "No validation loss: overfitting cannot be seen",
+          "Give `fit` a validation dataloader and a `validation_step` that returns or logs the "
+          "loss (`val_loss`)."),
+    _spec("curve.sparse_validation", "info", "Too few validation runs inside the first epochs",
+          "Validate more often (`val_check_interval=`, `check_val_every_n_epoch=1`) or widen the "
+          "window (`window_epochs=`, `window_steps=`)."),
     # 8. grad
     _spec("grad.exploding", "error", "Gradient norms explode",
           "Lower the learning rate, clip gradients, check the initialization scale and "
