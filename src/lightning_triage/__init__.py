@@ -19,6 +19,7 @@ from lightning_triage.callbacks import (
     Triage,
     TriageCallback,
     TriageReport,
+    WorstErrors,
 )
 from lightning_triage.findings import (
     CODES,
@@ -45,5 +46,6 @@ __all__ = [
     "Triage",
     "TriageCallback",
     "TriageReport",
+    "WorstErrors",
     "__version__",
 ]

@@ -94,6 +94,9 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("data.unknown_batch_structure", "info", "The batch's inputs could not be found",
           "Pass `input_key=` and `target_key=` (a key, an index or a callable) to "
           "`BatchInspector` (or `Triage`) so the data checks can run."),
+    _spec("data.worst_errors", "info", "The validation examples with the highest loss",
+          "Look at these examples: a confident prediction of another class often means a wrong "
+          "label; unreadable or ambiguous inputs point at the data pipeline."),
     # 2. init
     _spec("init.loss_above_chance", "error", "Step-0 loss is far above chance level",
           "Check the output scale (logits multiplied somewhere? a large init?), the label "

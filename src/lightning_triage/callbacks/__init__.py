@@ -39,6 +39,9 @@ from lightning_triage.callbacks.structure_probe import (
 from lightning_triage.callbacks.triage import (
     Triage,
 )
+from lightning_triage.callbacks.worst_errors import (
+    WorstErrors,
+)
 
 __all__ = [
     "BatchInspector",
@@ -54,4 +57,5 @@ __all__ = [
     "Triage",
     "TriageCallback",
     "TriageReport",
+    "WorstErrors",
 ]

@@ -25,6 +25,7 @@ from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.padding_probe import PaddingProbe
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
+from lightning_triage.callbacks.worst_errors import WorstErrors
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
 
@@ -155,6 +156,7 @@ class Triage(Callback):
         self.checks: list[TriageCallback] = [
             BatchInspector(num_classes=num_classes, input_key=input_key, target_key=target_key,
                            strict=strict),
+            WorstErrors(input_key=input_key, target_key=target_key, strict=strict),
             InitialLossCheck(task=task, num_classes=num_classes, input_key=input_key,
                              target_key=target_key, strict=strict),
             GradientWiringCheck(strict=strict),
