@@ -205,3 +205,14 @@ def test_state_round_trip_and_argument_validation() -> None:
         PaddingProbe(tolerance=2.0)
     with pytest.raises(ValueError, match="`forward_fn`"):
         PaddingProbe(forward_fn=3)  # type: ignore[arg-type]
+
+
+def test_a_module_that_cannot_be_copied_is_skipped_with_an_info(tmp_path: Path) -> None:
+    import threading
+
+    model = PaddedClassifier(use_mask=False)
+    model.lock = threading.Lock()  # not deep-copyable
+    probe = _fit(tmp_path, model, dict_loader())
+    assert codes(probe.findings) == {"structure.probe_skipped"}
+    assert "could not be deep-copied" in probe.findings[0].message
+    assert probe.check_status()["status"] == "passed"

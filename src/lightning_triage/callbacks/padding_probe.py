@@ -66,7 +66,10 @@ def _probe_copy(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Iterator[
     ``self.log`` silenced and the hooks of lightning-triage removed. The live module is not
     touched. (Local helper; to be replaced by the project's shared copy helper.)"""
     memo: dict[int, Any] = {id(trainer): trainer}
-    twin = copy.deepcopy(pl_module, memo)
+    try:
+        twin = copy.deepcopy(pl_module, memo)
+    except Exception as exc:
+        raise _NoCopyError(exc) from exc
     _drop_triage_hooks(twin)
     twin.eval()
     try:
@@ -98,6 +101,10 @@ class _Rng:
 
 class _UserCodeError(Exception):
     """The user's code raised inside the probe (the cause is the original exception)."""
+
+
+class _NoCopyError(Exception):
+    """The module could not be deep-copied (the cause is the original exception)."""
 
 
 class PaddingProbe(TriageCallback):
@@ -208,11 +215,12 @@ class PaddingProbe(TriageCallback):
             return
         try:
             self._probe(trainer, pl_module, *plan)
-        except _UserCodeError as err:
+        except (_UserCodeError, _NoCopyError) as err:
             exc = err.__cause__
             text = str(exc) if len(str(exc)) <= 200 else str(exc)[:200] + "..."
             why = (f"the model raised {type(exc).__name__}: {text} when run on a perturbed copy "
-                   "of the first batch")
+                   "of the first batch" if isinstance(err, _UserCodeError) else
+                   f"the LightningModule could not be deep-copied ({type(exc).__name__}: {text})")
             self.results["skipped"] = why
             self.add_finding(trainer, "structure.probe_skipped",
                              f"The padding probe did not run to the end: {why}. Pass "

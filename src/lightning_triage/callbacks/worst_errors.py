@@ -173,7 +173,12 @@ class WorstErrors(TriageCallback):
         index = self._dataset_index(batch, scored.loss.shape[0], offset)
         thumbs = None
         if self.thumbnail_side and x is not None and x.shape[0] == scored.loss.shape[0]:
-            thumbs = thumbnail(x, self.image_shape, self.thumbnail_side)
+            images = x
+
+            def thumbs(rows: Tensor) -> Tensor | None:  # only for the batch's worst rows
+                return thumbnail(images[rows.to(images.device)], self.image_shape,
+                                 self.thumbnail_side)
+
         self.buffer.add(scored, batch_idx=batch_idx, dataset_index=index, thumbnails=thumbs)
 
     def _dataset_index(self, batch: Any, n: int, offset: int) -> Tensor | None:

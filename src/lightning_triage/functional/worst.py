@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,22 +161,37 @@ class WorstBuffer:
         return 0 if self._columns is None else int(self._columns["loss"].shape[0])
 
     def add(self, scored: ScoredExamples, *, batch_idx: int, dataset_index: Tensor | None = None,
-            thumbnails: Tensor | None = None) -> None:
-        """Merge one batch's examples (``dataset_index`` and ``thumbnails`` are per batch row)."""
+            thumbnails: Tensor | Callable[[Tensor], Tensor | None] | None = None) -> None:
+        """Merge one batch's examples.
+
+        Args:
+            scored: the batch's per-example losses (:func:`example_losses`).
+            batch_idx: the batch's index in the loader.
+            dataset_index: each batch row's index in its dataset.
+            thumbnails: each batch row's thumbnail, or a callable that makes the thumbnails of
+                the batch rows it is given (called for at most ``k`` rows: the batch's worst).
+        """
         m = scored.loss.shape[0]
         self.seen += m
         if m == 0:
             return
         device = scored.loss.device
-        index = (dataset_index.to(device).long().reshape(-1)[scored.position]
-                 if dataset_index is not None else torch.full((m,), -1, device=device))
-        new = {"loss": scored.loss.float(), "label": scored.label.long(),
-               "prediction": scored.prediction.long(), "confidence": scored.confidence.float(),
-               "label_probability": scored.label_probability.float(),
-               "dataset_index": index, "position": scored.position.long(),
-               "batch_idx": torch.full((m,), batch_idx, device=device, dtype=torch.long)}
-        thumbs = thumbnails[scored.position.to(thumbnails.device)].to(device) \
-            if thumbnails is not None else None
+        loss = torch.nan_to_num(scored.loss.float(), nan=float("inf"), neginf=float("-inf"))
+        pick = torch.topk(loss, self.k).indices if m > self.k else torch.arange(m, device=device)
+        rows = scored.position[pick]
+        index = (dataset_index.to(device).long().reshape(-1)[rows]
+                 if dataset_index is not None else torch.full_like(rows, -1))
+        new = {"loss": loss[pick], "label": scored.label[pick].long(),
+               "prediction": scored.prediction[pick].long(),
+               "confidence": scored.confidence[pick].float(),
+               "label_probability": scored.label_probability[pick].float(),
+               "dataset_index": index, "position": rows.long(),
+               "batch_idx": torch.full_like(rows, batch_idx, dtype=torch.long)}
+        if callable(thumbnails):
+            thumbs = thumbnails(rows)
+        else:
+            thumbs = None if thumbnails is None else thumbnails[rows.to(thumbnails.device)]
+        thumbs = None if thumbs is None else thumbs.to(device)
         if self._columns is not None:
             new = {key: torch.cat([self._columns[key], value.to(self._columns[key].device)])
                    for key, value in new.items()}
@@ -184,8 +200,7 @@ class WorstBuffer:
                 thumbs = torch.cat([self._thumbs, thumbs.to(self._thumbs.device)])
             else:
                 thumbs = None
-        loss = torch.nan_to_num(new["loss"], nan=float("inf"), neginf=float("-inf"))
-        top = torch.topk(loss, min(self.k, loss.shape[0])).indices
+        top = torch.topk(new["loss"], min(self.k, new["loss"].shape[0])).indices
         self._columns = {key: value[top] for key, value in new.items()}
         self._thumbs = None if thumbs is None else thumbs[top]
 
