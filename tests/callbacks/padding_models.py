@@ -158,3 +158,51 @@ class CausalLM(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+class EncoderClassifier(PaddedClassifier):
+    """``nn.TransformerEncoder`` (its nested-tensor fast path in eval) with or without
+    ``src_key_padding_mask``; masked or plain mean pooling; or per-token outputs."""
+
+    def __init__(self, use_mask: bool, token_level: bool = False) -> None:
+        super().__init__(use_mask)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2)
+        self.token_level = token_level
+
+    def forward(self, ids: Tensor, pad: Tensor) -> Tensor:
+        h = self.embed(ids) + self.pos.weight[: ids.shape[1]]
+        h = self.enc(h, src_key_padding_mask=pad if self.use_mask else None)
+        if self.token_level:
+            return self.head(h)
+        keep = (~pad).unsqueeze(-1).to(h.dtype)
+        pooled = (h * keep).sum(1) / keep.sum(1) if self.use_mask else h.mean(1)
+        return self.head(pooled)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        out = self(batch["input_ids"], self._pad(batch))
+        if self.token_level:  # tag every real token with the sequence's label
+            keep = ~self._pad(batch)
+            labels = batch["labels"][:, None].expand_as(keep)
+            return F.cross_entropy(out[keep], labels[keep])
+        return F.cross_entropy(out, batch["labels"])
+
+
+class LSTMClassifier(PaddedClassifier):
+    """A bidirectional LSTM over packed sequences (``use_mask``) or over the padded batch."""
+
+    def __init__(self, use_mask: bool) -> None:
+        super().__init__(use_mask)
+        self.rnn = nn.LSTM(16, 16, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, ids: Tensor, pad: Tensor) -> Tensor:
+        h = self.embed(ids)
+        if self.use_mask:
+            lengths = (~pad).sum(1).cpu()
+            packed = nn.utils.rnn.pack_padded_sequence(h, lengths, batch_first=True,
+                                                       enforce_sorted=False)
+            _, (hn, _) = self.rnn(packed)
+        else:
+            _, (hn, _) = self.rnn(h)
+        return self.head(torch.cat([hn[0], hn[1]], dim=1))

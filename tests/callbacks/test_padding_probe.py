@@ -10,7 +10,14 @@ import torch
 from torch import Tensor
 
 from lightning_triage import PaddingProbe, Triage
-from tests.callbacks.padding_models import CausalLM, PaddedClassifier, dict_loader, lm_loader
+from tests.callbacks.padding_models import (
+    CausalLM,
+    EncoderClassifier,
+    LSTMClassifier,
+    PaddedClassifier,
+    dict_loader,
+    lm_loader,
+)
 from tests.helpers import codes, loader, make_trainer
 
 
@@ -46,6 +53,22 @@ def test_classifier_that_applies_the_mask_is_silent(tmp_path: Path, mask_name: s
     status = probe.check_status()
     assert status["status"] == "passed" and "no leak" in status["detail"]
     assert probe.results["forward_passes"] == 4  # twice as is, other content, more padding
+
+
+@pytest.mark.parametrize(("make", "layer"), [
+    (lambda: EncoderClassifier(use_mask=False), "enc.layers.0.self_attn"),
+    (lambda: EncoderClassifier(use_mask=True), None),
+    (lambda: EncoderClassifier(use_mask=True, token_level=True), None),
+    (lambda: LSTMClassifier(use_mask=False), "rnn"),
+    (lambda: LSTMClassifier(use_mask=True), None),
+], ids=["encoder_no_mask", "encoder_mask", "encoder_mask_tokens", "lstm_padded", "lstm_packed"])
+def test_torch_encoders_and_packed_rnns(tmp_path: Path, make: Any, layer: str | None) -> None:
+    probe = _fit(tmp_path, make(), dict_loader())
+    if layer is None:  # nn.TransformerEncoder's nested-tensor fast path, packed sequences
+        assert probe.findings == [] and probe.check_status()["status"] == "passed"
+    else:
+        assert codes(probe.findings) == {"structure.padding_leak"}
+        assert probe.findings[0].layer == layer
 
 
 def test_left_padded_causal_lm_that_ignores_the_padding_is_caught(tmp_path: Path) -> None:

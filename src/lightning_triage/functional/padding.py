@@ -315,8 +315,8 @@ def record_outputs(module: nn.Module, n: int) -> Iterator[Recording]:
     def make(name: str) -> Any:
         def hook(mod: nn.Module, args: Any, output: Any) -> None:
             out = first_float_tensor(output)
-            if out is None or out.dim() == 0 or out.shape[0] != n:
-                return
+            if out is None or out.is_nested or out.dim() == 0 or out.shape[0] != n:
+                return  # nested tensors: the fast path of `nn.TransformerEncoder` under no_grad
             index = calls.get(name, 0)
             calls[name] = index + 1
             if len(rec.outputs) < MAX_RECORDED:
