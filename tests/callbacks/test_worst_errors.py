@@ -152,6 +152,7 @@ def test_token_classifier_without_validation_is_silent(tmp_path: Path) -> None:
     make_trainer(tmp_path, [cb], limit_train_batches=2).fit(PaddedClassifier(use_mask=True),
                                                           dict_loader())
     assert cb.findings == [] and cb.check_status()["status"] == "skipped"
+    assert "no validation run" in cb.check_status()["detail"]
 
 
 def _weights_after(tmp_path: Path, callbacks: list[Any], make: Any, loaders: Any) -> dict[str, Tensor]:

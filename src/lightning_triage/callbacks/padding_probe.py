@@ -202,6 +202,9 @@ class PaddingProbe(TriageCallback):
                              batch: Any, batch_idx: int) -> None:
         if self.ran or self.results or trainer.global_step != 0 or batch_idx != 0:
             self.idle = True  # the probe runs on the first batch of a fit or not at all
+            if not self.ran and not self.detail:
+                self.skip(f"not run: the fit started at step {trainer.global_step} (the probe "
+                          "runs at the first batch of step 0)")
             return
         start = time.perf_counter()
         ready, why, plan = self._plan(pl_module, batch)

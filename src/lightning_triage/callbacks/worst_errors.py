@@ -226,6 +226,12 @@ class WorstErrors(TriageCallback):
         self.mark_ran(f"{len(rows)} worst of {self.buffer.seen} validation examples at step "
                       f"{trainer.global_step}; {wrong} misclassified")
 
+    @override
+    @guarded
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.ran and not self.detail:
+            self.skip("skipped: no validation run in this fit")
+
     # ------------------------------------------------------------------ hooks and state
     def _close(self) -> None:
         if self._stack is not None:
