@@ -117,10 +117,10 @@ def test_no_mask_the_probe_does_not_run_and_says_why(tmp_path: Path) -> None:
     assert "no padding mask" in status["detail"]
 
 
-def test_padding_mask_key_names_a_mask_found_by_no_name(tmp_path: Path) -> None:
+def test_masks_with_other_names(tmp_path: Path) -> None:
     probe = _fit(tmp_path / "a", PaddedClassifier(use_mask=False, mask_name="keep"),
-                 dict_loader(mask_name="keep"))
-    assert probe.check_status()["status"] == "skipped"
+                 dict_loader(mask_name="keep"))  # found by its padding pattern
+    assert codes(probe.findings) == {"structure.padding_leak"}
     probe = _fit(tmp_path / "b", PaddedClassifier(use_mask=False, mask_name="keep"),
                  dict_loader(mask_name="keep"), padding_mask_key="keep")
     assert codes(probe.findings) == {"structure.padding_leak"}
@@ -239,3 +239,20 @@ def test_a_module_that_cannot_be_copied_is_skipped_with_an_info(tmp_path: Path) 
     assert codes(probe.findings) == {"structure.probe_skipped"}
     assert "could not be deep-copied" in probe.findings[0].message
     assert probe.check_status()["status"] == "passed"
+
+
+class TupleClassifier(PaddedClassifier):
+    """Batches ``(input_ids, attention_mask, labels)``."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:  # type: ignore[override]
+        ids, mask, labels = batch
+        return torch.nn.functional.cross_entropy(self(ids, mask == 0), labels)
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_tuple_batches_with_an_unnamed_mask(tmp_path: Path, use_mask: bool) -> None:
+    data = dict_loader().dataset
+    tuples = loader(data.ids, data.mask, data.labels, batch_size=16)
+    probe = _fit(tmp_path, TupleClassifier(use_mask=use_mask), tuples)
+    assert probe.results["mask"] == "batch[1]"
+    assert codes(probe.findings) == (set() if use_mask else {"structure.padding_leak"})

@@ -29,11 +29,36 @@ def test_finds_attention_masks_of_both_polarities() -> None:
     assert not isinstance(found, str) and torch.equal(found.pad, ~real)
 
 
+def test_unnamed_masks_are_found_by_their_padding_pattern() -> None:
+    ids, real = padded_tokens(6, seed=2)
+    for batch in ({"input_ids": ids, "keep": real}, (ids, real.long(), torch.arange(6)),
+                  (ids, ~real, torch.arange(6))):
+        found = find_padding_mask(batch, ids)
+        assert not isinstance(found, str), batch
+        assert torch.equal(found.pad, ~real) and found.side == "right"
+    # token type ids (segments) are 0/1 tensors of the inputs' shape, but not padding
+    segments = torch.zeros_like(ids)
+    segments[:, 2:5] = 1
+    assert "no padding mask" in find_padding_mask({"input_ids": ids, "segments": segments}, ids)
+
+
+def test_a_named_mask_that_is_not_padding_is_refused() -> None:
+    # a masked-LM mask: 1 at a few real positions replaced by a [MASK] id
+    ids, real = padded_tokens(6, seed=10, min_len=8)
+    chosen = torch.zeros_like(real)
+    chosen[:, 1] = True
+    chosen[:, 4] = True
+    masked = torch.where(chosen, torch.full_like(ids, 11), ids)
+    reason = find_padding_mask({"input_ids": masked, "mask": chosen.long()}, masked)
+    assert isinstance(reason, str) and "`batch['mask']` does not mark one pad value" in reason
+
+
 def test_explicit_key_and_its_errors() -> None:
     ids, real = padded_tokens(6, seed=2)
-    batch = {"input_ids": ids, "keep": real}
-    assert "no batch entry named like one" in find_padding_mask(batch, ids)
-    found = find_padding_mask(batch, ids, key="keep")
+    noisy = torch.where(real, ids, torch.randint(1, 12, ids.shape))  # pads hold varied ids
+    batch = {"input_ids": noisy, "keep": real}
+    assert "no padding mask" in find_padding_mask(batch, noisy)
+    found = find_padding_mask(batch, noisy, key="keep")
     assert not isinstance(found, str) and torch.equal(found.pad, ~real)
     assert "names no tensor" in find_padding_mask(batch, ids, key="missing")
     wrong = {"input_ids": ids, "keep": torch.rand(6, 3)}

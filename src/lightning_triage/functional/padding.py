@@ -163,6 +163,7 @@ def find_padding_mask(batch: Any, inputs: Tensor | None, targets: Tensor | None 
         pad_is_true = any(k in name.lower() for k in ("pad",))
         return _from_mask(inputs, found, as_bool, name, pad_is_true)
     layout = locate_batch(batch)
+    refused: list[str] = []
     for name, tensor in layout.tensors:
         if tensor is inputs:
             continue
@@ -170,8 +171,24 @@ def find_padding_mask(batch: Any, inputs: Tensor | None, targets: Tensor | None 
         if leaf not in MASK_KEYS:
             continue
         as_bool = _as_bool_mask(tensor, shape)
-        if as_bool is not None:
-            return _from_mask(inputs, tensor, as_bool, name, MASK_KEYS[leaf])
+        if as_bool is None:
+            continue
+        found_mask = _from_mask(inputs, tensor, as_bool, name, MASK_KEYS[leaf])
+        if isinstance(found_mask, str) or _padding_like(inputs, found_mask.pad):
+            return found_mask
+        refused.append(name)
+    # an unnamed 0/1 tensor of the inputs' shape (a tuple `(input_ids, mask, labels)`): a
+    # padding mask when one polarity puts one pad value at one end of every padded row
+    for name, tensor in layout.tensors:
+        if tensor is inputs or name in refused:
+            continue
+        as_bool = _as_bool_mask(tensor, shape)
+        if as_bool is None:
+            continue
+        for pad_is_true in (False, True):
+            pad = as_bool if pad_is_true else ~as_bool
+            if bool(pad.any()) and _padding_like(inputs, pad):
+                return _from_mask(inputs, tensor, as_bool, name, pad_is_true)
     if (targets is not None and tuple(targets.shape) == shape and not targets.is_floating_point()
             and bool((targets == ignore_index).any())):
         ignored = targets == ignore_index
@@ -184,8 +201,22 @@ def find_padding_mask(batch: Any, inputs: Tensor | None, targets: Tensor | None 
                                pad_is_true=True)
         return (f"no padding mask: the targets hold `ignore_index` = {ignore_index}, but not at a "
                 "padded end of every row")
+    if refused:
+        return (f"no padding mask: {', '.join(f'`{n}`' for n in refused)} does not mark one pad "
+                "value at one end of every padded row (not padding: e.g. a masked-LM mask); pass "
+                "`padding_mask_key=` if it is the padding mask")
     return ("no padding mask: no batch entry named like one (attention_mask, padding_mask, "
-            "key_padding_mask...) and no targets with `ignore_index` at padded positions")
+            "key_padding_mask...) or a 0/1 tensor of the inputs' shape marking padding, and no "
+            "targets with `ignore_index` at padded positions")
+
+
+def _padding_like(inputs: Tensor, pad: Tensor) -> bool:
+    """Whether ``pad`` marks padding of ``inputs``: at one end of every padded row (no row all
+    padding), every marked position holding the same value (the pad token, a constant vector)."""
+    if padding_side(pad) is None or bool(pad.all(dim=1).any()):
+        return False
+    values = inputs[pad]
+    return bool((values == values[:1]).all())
 
 
 def _equal_to(inputs: Tensor, value: float | int) -> Tensor:
