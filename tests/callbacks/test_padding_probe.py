@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -256,3 +257,54 @@ def test_tuple_batches_with_an_unnamed_mask(tmp_path: Path, use_mask: bool) -> N
     probe = _fit(tmp_path, TupleClassifier(use_mask=use_mask), tuples)
     assert probe.results["mask"] == "batch[1]"
     assert codes(probe.findings) == (set() if use_mask else {"structure.padding_leak"})
+
+
+class RankPadding(torch.utils.data.Dataset):
+    """Right-padded token batches on rank 0; on rank 1 the mask marks position 1 of every row
+    as padding (no padded end: no amount-of-padding pass there)."""
+
+    def __init__(self) -> None:
+        self.base = dict_loader().dataset
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        item = dict(self.base[i])
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        if rank == 1:
+            mask = torch.ones_like(item["attention_mask"])
+            mask[1] = 0
+            item["attention_mask"] = mask
+        return item
+
+
+class GatheringClassifier(PaddedClassifier):
+    """Holds a collective in `training_step`: every rank must run the same probe passes."""
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.all_gather(loss.detach())
+        return loss
+
+
+@pytest.mark.timeout(180)
+def test_ddp_ranks_run_the_same_passes(tmp_path: Path) -> None:
+    """The copy's `training_step` holds a collective; rank 1 cannot run the more-padding pass,
+    so rank 0 skips it too, and nothing hangs."""
+    from torch.utils.data import DataLoader
+
+    from tests.helpers import fit_ddp_spawn
+
+    train = DataLoader(RankPadding(), batch_size=8)
+    triage = Triage(report_dir=tmp_path, strict=True, verbose=False, overfit=False,
+                    padding_mask_key="attention_mask")
+    fit_ddp_spawn(lambda: make_trainer(tmp_path, [triage], strategy="ddp_spawn", devices=2,
+                                       limit_train_batches=2, use_distributed_sampler=True),
+                  GatheringClassifier(use_mask=False), train)
+    report = json.loads((tmp_path / "triage_report.json").read_text())
+    leaks = {f["rank"]: f for f in report["findings"] if f["code"] == "structure.padding_leak"}
+    assert sorted(leaks) == [0, 1]
+    for f in leaks.values():
+        assert [p["perturbation"] for p in f["evidence"]["perturbations"]] == ["content"]
+    assert leaks[0]["evidence"]["side"] == "right" and leaks[1]["evidence"]["side"] is None

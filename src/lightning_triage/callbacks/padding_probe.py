@@ -70,6 +70,8 @@ def _probe_copy(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Iterator[
         twin = copy.deepcopy(pl_module, memo)
     except Exception as exc:
         raise _NoCopyError(exc) from exc
+    if isinstance(twin, pl.LightningModule):
+        twin.trainer = trainer  # `LightningModule.__getstate__` drops it (`self.all_gather`...)
     _drop_triage_hooks(twin)
     twin.eval()
     try:
@@ -278,6 +280,7 @@ class PaddingProbe(TriageCallback):
                              "real_positions": int(mask.real.sum()),
                              "shape": list(x.shape[:2])})
         rng = _Rng()
+        asked: list[str] = []
         try:
             with _probe_copy(trainer, pl_module) as twin, torch.no_grad(), \
                     warnings.catch_warnings():
@@ -289,8 +292,20 @@ class PaddingProbe(TriageCallback):
                         self._run(trainer, twin, b)
                     return rec
 
+                def gate(name: str, ready: bool) -> bool:  # every rank runs the same passes
+                    asked.append(name)
+                    if trainer.world_size > 1:
+                        return bool(trainer.strategy.reduce_boolean_decision(ready, all=True))
+                    return ready
+
                 result = probe_padding(run, batch, x, mask, targets=y,
-                                       ignore_index=self.ignore_index, tolerance=self.tolerance)
+                                       ignore_index=self.ignore_index, tolerance=self.tolerance,
+                                       gate=gate)
+        except BaseException:
+            if trainer.world_size > 1:  # answer the decisions this rank will not reach
+                for _ in range(len(asked), 3):
+                    trainer.strategy.reduce_boolean_decision(False, all=True)
+            raise
         finally:
             rng.restore()
         self.results["forward_passes"] = result["passes"]
@@ -310,6 +325,9 @@ class PaddingProbe(TriageCallback):
                              "`forward_fn=` returning the model's per-position or pooled output.",
                              evidence={"reason": why, "part": "padding probe"}, global_step=0)
             self.mark_ran(f"skipped: {why}")
+            return
+        if status == "skipped":
+            self.mark_ran("skipped: another rank could not run the probe's passes")
             return
         if status == "nondeterministic":
             why = (f"the model gave different outputs for the same batch twice in eval mode "

@@ -454,8 +454,8 @@ class PaddingLeak:
 
 def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, mask: PaddingMask,
                   *, targets: Tensor | None = None, extra: int | None = None,
-                  ignore_index: int = -100,
-                  tolerance: float = DEFAULT_PADDING_TOLERANCE) -> dict[str, Any]:
+                  ignore_index: int = -100, tolerance: float = DEFAULT_PADDING_TOLERANCE,
+                  gate: Callable[[str, bool], bool] | None = None) -> dict[str, Any]:
     """Run the padding probe with ``run(batch) -> Recording`` (the caller resets RNGs).
 
     Runs the batch twice (determinism control), then with other content at the padded
@@ -464,9 +464,15 @@ def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, m
     tokens), then (when the padded side is known) with ``extra`` more padded positions (default:
     ``max(2, T // 2)``).
 
+    ``gate(pass_name, ready) -> bool`` is asked before each pass after the first (``"twin"``,
+    ``"content"``, ``"amount"``, always all three, in order) whether to run it; under DDP it
+    returns whether every rank is ready, so that all ranks run the same passes (the user's code
+    may hold collectives). Default: run what is ready.
+
     Returns:
-        ``{"status": "ok" | "leak" | "nondeterministic" | "no_head", "leaks": [PaddingLeak...],
-        "head": name, "passes": int, "noise": relative difference of the twin run}``.
+        ``{"status": "ok" | "leak" | "nondeterministic" | "no_head" | "unaligned",
+        "leaks": [PaddingLeak...], "head": name, "passes": int, "noise": relative difference of
+        the twin run}``.
 
     Example:
         >>> class Pool(nn.Module):  # mean over every position: ignores the mask
@@ -485,46 +491,59 @@ def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, m
         >>> result["status"], [(leak.perturbation, leak.first_module) for leak in result["leaks"]]
         ('leak', [('content', 'out'), ('amount', 'out')])
     """
+    ask = gate if gate is not None else (lambda name, ready: ready)
     first = run(batch)
     passes = 1
-    if first.head is None:
-        return {"status": "no_head", "leaks": [], "head": None, "passes": passes, "noise": None}
-    head_name, head = first.head
-    twin = run(batch)
-    passes += 1
-    twin_head = twin.head
-    if twin_head is None or twin_head[1].shape != head.shape:
-        return {"status": "nondeterministic", "leaks": [], "head": head_name, "passes": passes,
-                "noise": math.inf}
-    noise = compare_at_real(head, twin_head[1], mask.real, tolerance=tolerance)
-    if noise is None:
-        return {"status": "unaligned", "leaks": [], "head": head_name, "passes": passes,
-                "noise": None, "shape": list(head.shape)}
-    if noise.moved:
-        return {"status": "nondeterministic", "leaks": [], "head": head_name, "passes": passes,
-                "noise": noise.relative_diff}
+    head_entry = first.head
+    result: dict[str, Any] = {"status": "ok", "leaks": [], "passes": 1, "noise": None,
+                              "head": None if head_entry is None else head_entry[0]}
+    if head_entry is None:
+        result["status"] = "no_head"
+    twin = run(batch) if ask("twin", head_entry is not None) else None
+    passes += twin is not None
+    if head_entry is not None and twin is not None:
+        head = head_entry[1]
+        twin_head = twin.head
+        if twin_head is None or twin_head[1].shape != head.shape:
+            result.update(status="nondeterministic", noise=math.inf)
+        else:
+            noise = compare_at_real(head, twin_head[1], mask.real, tolerance=tolerance)
+            if noise is None:
+                result.update(status="unaligned", shape=list(head.shape))
+            else:
+                result["noise"] = noise.relative_diff
+                if noise.moved:
+                    result["status"] = "nondeterministic"
+    elif head_entry is not None:
+        result["status"] = "skipped"  # another rank could not run it
+    ready = result["status"] == "ok"
     leaks: list[PaddingLeak] = []
-    perturbed: list[tuple[Literal["content", "amount"], Any, int]] = []
-    if mask.mask is not None:
-        perturbed.append(("content", pad_content_batch(batch, inputs, mask), 0))
-    if mask.side is not None:
-        k = extra if extra is not None else max(2, inputs.shape[1] // 2)
-        more = more_padding_batch(batch, inputs, mask, k, targets=targets,
-                                  ignore_index=ignore_index)
-        perturbed.append(("amount", more, k if mask.side == "left" else 0))
-    for kind, new_batch, offset in perturbed:
+    k = extra if extra is not None else max(2, inputs.shape[1] // 2)
+    for kind in ("content", "amount"):
+        can = mask.mask is not None if kind == "content" else mask.side is not None
+        if not ask(kind, ready and can):
+            continue
+        if kind == "content":
+            new_batch, offset = pad_content_batch(batch, inputs, mask), 0
+        else:
+            new_batch = more_padding_batch(batch, inputs, mask, k, targets=targets,
+                                           ignore_index=ignore_index)
+            offset = k if mask.side == "left" else 0
         rec = run(new_batch)
         passes += 1
         other = rec.head
-        if other is None:
+        if other is None or head_entry is None:
             continue
-        change = compare_at_real(head, other[1], mask.real, offset=offset, tolerance=tolerance)
+        change = compare_at_real(head_entry[1], other[1], mask.real, offset=offset,
+                                 tolerance=tolerance)
         if change is None or not change.moved:
             continue
         where = first_moved(first, rec, mask.real, offset=offset, tolerance=tolerance)
-        leaks.append(PaddingLeak(kind, change, head_name, where))
-    return {"status": "leak" if leaks else "ok", "leaks": leaks, "head": head_name,
-            "passes": passes, "noise": noise.relative_diff}
+        leaks.append(PaddingLeak(kind, change, head_entry[0], where))
+    result["passes"] = passes
+    if leaks:
+        result.update(status="leak", leaks=leaks)
+    return result
 
 
 __all__ = [
