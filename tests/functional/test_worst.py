@@ -75,3 +75,28 @@ def test_thumbnails_are_bounded_and_scaled_per_image() -> None:
     assert thumbnail(torch.rand(2, 65), image_shape=(8, 8)) is None
     with pytest.raises(ValueError, match="`k`"):
         WorstBuffer(k=0)
+
+
+def test_per_batch_work_never_reads_a_tensor_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`example_losses`, `thumbnail` and `WorstBuffer.add` stay on the device: any value read
+    (`item`, `tolist`, `bool`, `float`, `int`, a move to the CPU) would be a host sync per batch."""
+    buf = WorstBuffer(k=4)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(8, 5, generator=g), torch.randint(0, 5, (8,), generator=g),
+                torch.rand(8, 1, 40, 40, generator=g)) for _ in range(3)]
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("host read in the per-batch path")
+
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"):
+            m.setattr(torch.Tensor, name, forbidden)
+        with pytest.raises(AssertionError, match="host read"):
+            bool(torch.ones(1) > 0)  # the guard works
+        for b, (logits, y, images) in enumerate(batches):
+            scored = example_losses(logits, y)
+            assert scored is not None
+            buf.add(scored, batch_idx=b, dataset_index=torch.arange(8) + 8 * b,
+                    thumbnails=lambda rows, images=images: thumbnail(images[rows]))
+    rows = buf.rows()  # the one host transfer
+    assert len(rows) == 4 and len(rows[0]["thumbnail"][0]) == 32

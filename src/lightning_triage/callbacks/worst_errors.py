@@ -170,7 +170,7 @@ class WorstErrors(TriageCallback):
             self.skip(f"skipped: {self.not_classification}")
             self._close()
             return
-        index = self._dataset_index(batch, scored.loss.shape[0], offset)
+        index = self._dataset_index(batch, scored.loss.shape[0], offset, scored.loss.device)
         thumbs = None
         if self.thumbnail_side and x is not None and x.shape[0] == scored.loss.shape[0]:
             images = x
@@ -181,7 +181,8 @@ class WorstErrors(TriageCallback):
 
         self.buffer.add(scored, batch_idx=batch_idx, dataset_index=index, thumbnails=thumbs)
 
-    def _dataset_index(self, batch: Any, n: int, offset: int) -> Tensor | None:
+    def _dataset_index(self, batch: Any, n: int, offset: int,
+                       device: torch.device) -> Tensor | None:
         if self.index_key is not None:
             found = locate_batch(batch, input_key=self.index_key).inputs
         else:
@@ -194,7 +195,7 @@ class WorstErrors(TriageCallback):
         if found is not None and found.numel() == n and not found.is_floating_point():
             return found.reshape(n)
         if self._sequential:
-            return torch.arange(offset, offset + n)
+            return torch.arange(offset, offset + n, device=device)  # no host-to-device copy
         return None
 
     @override
