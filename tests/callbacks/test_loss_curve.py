@@ -264,11 +264,16 @@ class NoValidationStep(DigitsMLP):
     validation_step = pl.LightningModule.validation_step  # type: ignore[assignment]
 
 
-@pytest.mark.parametrize("how", ["no_loader", "no_step", "limit_zero"])
+class SilentValidation(DigitsMLP):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self(batch[0])  # neither returns nor logs a loss
+
+
+@pytest.mark.parametrize("how", ["no_loader", "no_step", "limit_zero", "no_loss"])
 def test_a_run_without_validation_gets_an_info_never_a_warning(tmp_path: Path, how: str) -> None:
     cb = LossCurveMonitor(window_epochs=1, window_steps=40, strict=True)
     train, val = digits_loaders()
-    model = NoValidationStep() if how == "no_step" else DigitsMLP()
+    model = {"no_step": NoValidationStep, "no_loss": SilentValidation}.get(how, DigitsMLP)()
     kwargs: dict[str, Any] = {"limit_val_batches": 0} if how == "limit_zero" else {}
     trainer = make_trainer(tmp_path, [cb], limit_train_batches=20, max_epochs=3, **kwargs)
     trainer.fit(model, train, None if how == "no_loader" else val)
@@ -278,7 +283,7 @@ def test_a_run_without_validation_gets_an_info_never_a_warning(tmp_path: Path, h
     assert all(f.severity == "info" for f in cb.findings)  # a healthy run: nothing else
     reason = found[0].evidence["reason"]
     assert {"no_loader": "no validation dataloader", "no_step": "no `validation_step`",
-            "limit_zero": "`limit_val_batches=0`"}[how] in reason
+            "limit_zero": "`limit_val_batches=0`", "no_loss": "no loss was found"}[how] in reason
     assert cb.check_status()["status"] == "passed"
 
 

@@ -397,8 +397,11 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 or self.has_finding("curve.sparse_validation"):
             return
         needed = 1 + max(2, self.thresholds.overfit_confirm)  # the overfitting rule's minimum
-        if self._val_runs == 0:
-            if not is_overridden("validation_step", pl_module):
+        if self._val_runs == 0 or not len(self.val_series):
+            if self._val_runs:
+                why = (f"validation ran {self._val_runs} time(s) but no loss was found: return it "
+                       "from `validation_step`, log `val_loss`, or pass `val_key=`")
+            elif not is_overridden("validation_step", pl_module):
                 why = f"`{type(pl_module).__name__}` has no `validation_step`"
             elif trainer.limit_val_batches == 0:
                 why = "`limit_val_batches=0`"
@@ -412,7 +415,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 trainer, "curve.no_validation",
                 f"No validation loss in this fit ({why}): overfitting cannot be seen; the curve "
                 f"verdict rests on the training loss of {self._window_n} steps alone.",
-                evidence={"reason": why, "validation_runs": 0, "window_steps": self._window_n})
+                evidence={"reason": why, "validation_runs": self._val_runs,
+                          "window_steps": self._window_n})
         elif len(self.val) < needed:
             finding = self.add_finding(
                 trainer, "curve.sparse_validation",
