@@ -209,10 +209,16 @@ class PaddingProbe(TriageCallback):
                           "runs at the first batch of step 0)")
             return
         start = time.perf_counter()
-        ready, why, plan = self._plan(pl_module, batch)
+        error: Exception | None = None
+        try:
+            ready, why, plan = self._plan(pl_module, batch)
+        except Exception as exc:  # reported after the decision: no rank left waiting
+            ready, why, plan, error = False, None, (), exc
         go = ready
         if trainer.world_size > 1:  # the user's code may hold collectives: all ranks or none
             go = bool(trainer.strategy.reduce_boolean_decision(ready, all=True))
+        if error is not None:
+            raise error
         if not go:
             self.results["skipped"] = why or "another rank could not run it"
             self.skip(f"skipped: {self.results['skipped']}")
