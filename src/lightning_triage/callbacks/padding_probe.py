@@ -212,8 +212,8 @@ class PaddingProbe(TriageCallback):
         error: Exception | None = None
         try:
             ready, why, plan = self._plan(pl_module, batch)
-        except Exception as exc:  # reported after the decision: no rank left waiting
-            ready, why, plan, error = False, None, (), exc
+        except Exception as plan_error:  # reported after the decision: no rank left waiting
+            ready, why, plan, error = False, None, (), plan_error
         go = ready
         if trainer.world_size > 1:  # the user's code may hold collectives: all ranks or none
             go = bool(trainer.strategy.reduce_boolean_decision(ready, all=True))
