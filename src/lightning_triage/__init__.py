@@ -14,10 +14,12 @@ from lightning_triage.callbacks import (
     LossCurveMonitor,
     NonFiniteTracer,
     OverfitBatchCheck,
+    PaddingProbe,
     StructureProbe,
     Triage,
     TriageCallback,
     TriageReport,
+    WorstErrors,
 )
 from lightning_triage.findings import (
     CODES,
@@ -39,9 +41,11 @@ __all__ = [
     "LossCurveMonitor",
     "NonFiniteTracer",
     "OverfitBatchCheck",
+    "PaddingProbe",
     "StructureProbe",
     "Triage",
     "TriageCallback",
     "TriageReport",
+    "WorstErrors",
     "__version__",
 ]

@@ -94,6 +94,9 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("data.unknown_batch_structure", "info", "The batch's inputs could not be found",
           "Pass `input_key=` and `target_key=` (a key, an index or a callable) to "
           "`BatchInspector` (or `Triage`) so the data checks can run."),
+    _spec("data.worst_errors", "info", "The validation examples with the highest loss",
+          "Look at these examples: a confident prediction of another class often means a wrong "
+          "label; unreadable or ambiguous inputs point at the data pipeline."),
     # 2. init
     _spec("init.loss_above_chance", "error", "Step-0 loss is far above chance level",
           "Check the output scale (logits multiplied somewhere? a large init?), the label "
@@ -143,6 +146,9 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("structure.target_leak", "error", "The targets reach the forward pass",
           "The model's outputs change when only the targets change: feed the decoder the "
           "targets shifted right, and keep labels out of the features."),
+    _spec("structure.padding_leak", "warning", "Outputs at real positions depend on the padding",
+          "Pass the padding mask to attention (`key_padding_mask`/`attention_mask`), pool over the "
+          "real positions only (masked mean), and give padded targets `ignore_index`."),
     _spec("structure.probe_skipped", "info", "Structure probe skipped",
           "Pass `forward_fn=` (callable(pl_module, batch) -> output; `Triage` takes it too) or "
           "`input_key=`/`target_key=` to `StructureProbe` so the probe can run the model."),
@@ -167,6 +173,12 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("curve.overfitting", "warning", "Training loss falls while validation loss rises",
           "Add regularization or data, or stop earlier; check train/val distributions."),
     _spec("curve.healthy", "info", "The loss curve looks healthy", "Nothing to do."),
+    _spec("curve.no_validation", "info", "No validation loss: overfitting cannot be seen",
+          "Give `fit` a validation dataloader and a `validation_step` that returns or logs the "
+          "loss (`val_loss`)."),
+    _spec("curve.sparse_validation", "info", "Too few validation runs inside the first epochs",
+          "Validate more often (`val_check_interval=`, `check_val_every_n_epoch=1`) or widen the "
+          "window (`window_epochs=`, `window_steps=`)."),
     # 8. grad
     _spec("grad.exploding", "error", "Gradient norms explode",
           "Lower the learning rate, clip gradients, check the initialization scale and "

@@ -281,4 +281,4 @@ def test_manual_optimization_two_steps_per_batch(tmp_path: Path) -> None:
     fit(tmp_path, ManualTwoSteps(), [grad_cb, loss_cb])
     assert len(grad_cb.series()["grad_norm"]) == 60  # 2 optimizer steps x 15 batches x 2 epochs
     assert grad_cb.findings == []
-    assert [f.code for f in loss_cb.findings] == ["curve.healthy"]
+    assert [f.code for f in loss_cb.findings] == ["curve.healthy", "curve.no_validation"]

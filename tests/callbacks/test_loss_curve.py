@@ -95,8 +95,12 @@ def fit(tmp_path: Path, model: pl.LightningModule, callbacks: list[Any], *, batc
     return trainer
 
 
+#: Info findings about how often validation ran (context, tested below).
+VALIDATION_INFO = {"curve.no_validation", "curve.sparse_validation"}
+
+
 def curve_codes(cb: LossCurveMonitor) -> list[str]:
-    return [f.code for f in cb.findings]
+    return [f.code for f in cb.findings if f.code not in VALIDATION_INFO]
 
 
 def test_lr_zero_is_not_learning(tmp_path: Path) -> None:
@@ -137,7 +141,8 @@ def test_healthy_run_is_healthy_with_bounded_series(tmp_path: Path) -> None:
     report = triage.report.report
     assert report is not None
     assert {"train_loss", "val_loss", "grad_norm"} <= set(report["series"])
-    assert stage_codes([f for c in triage.checks for f in c.findings], "curve") == {"curve.healthy"}
+    assert stage_codes([f for c in triage.checks for f in c.findings], "curve") - VALIDATION_INFO \
+        == {"curve.healthy"}
     names = [c.check_status()["check"] for c in triage.checks]
     assert names.index("LossCurveMonitor") + 1 == names.index("GradientMonitor")
 
@@ -163,7 +168,7 @@ def test_corrupted_late_batch_is_a_loss_spike_after_the_window(tmp_path: Path) -
     assert ev["after_window"] is True
     assert ev["ratio"] > 5
     assert ev["level_before"] < 1.0
-    assert [f.code for f in loss_cb.findings if f.code != "curve.loss_spike"] == ["curve.healthy"]
+    assert [c for c in curve_codes(loss_cb) if c != "curve.loss_spike"] == ["curve.healthy"]
     # sent to the loggers as it happened, under triage/
     logged = {k: s for s, m in logger.metrics for k in m}
     assert logged["triage/curve.loss_spike"] == 137
@@ -182,7 +187,7 @@ def test_healthy_schedules_stay_silent_for_the_whole_run(tmp_path: Path, schedul
     grad_cb = GradientMonitor(window_epochs=1, window_steps=40, flush_every=25, strict=True)
     fit(tmp_path, ScheduledMLP(schedule, total_steps=240, lr=0.05), [loss_cb, grad_cb],
         max_epochs=6, limit_train_batches=40)
-    assert [f.code for f in loss_cb.findings] == ["curve.healthy"]
+    assert curve_codes(loss_cb) == ["curve.healthy"]
     assert grad_cb.findings == []
     assert loss_cb.watcher is not None
     assert loss_cb.watcher.step == 240
@@ -193,7 +198,7 @@ def test_noisy_small_batches_stay_silent_for_the_whole_run(tmp_path: Path) -> No
     grad_cb = GradientMonitor(window_epochs=1, window_steps=60, strict=True)
     fit(tmp_path, DigitsMLP(lr=0.05), [loss_cb, grad_cb], batch_size=4, max_epochs=3,
         limit_train_batches=100)
-    assert [f.code for f in loss_cb.findings] == ["curve.healthy"]
+    assert curve_codes(loss_cb) == ["curve.healthy"]
     assert grad_cb.findings == []
 
 
@@ -252,3 +257,53 @@ def test_nan_out_of_the_blue_is_left_to_the_numerics_stage(tmp_path: Path) -> No
     fit(tmp_path, SuddenNaNMLP(lr=0.1), [loss_cb, grad_cb], max_epochs=5)
     assert "curve.diverging" not in curve_codes(loss_cb)
     assert "grad.exploding" not in [f.code for f in grad_cb.findings]
+
+
+# ----------------------------------------------------------------------------- validation cadence
+class NoValidationStep(DigitsMLP):
+    validation_step = pl.LightningModule.validation_step  # type: ignore[assignment]
+
+
+class SilentValidation(DigitsMLP):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self(batch[0])  # neither returns nor logs a loss
+
+
+@pytest.mark.parametrize("how", ["no_loader", "no_step", "limit_zero", "no_loss"])
+def test_a_run_without_validation_gets_an_info_never_a_warning(tmp_path: Path, how: str) -> None:
+    cb = LossCurveMonitor(window_epochs=1, window_steps=40, strict=True)
+    train, val = digits_loaders()
+    model = {"no_step": NoValidationStep, "no_loss": SilentValidation}.get(how, DigitsMLP)()
+    kwargs: dict[str, Any] = {"limit_val_batches": 0} if how == "limit_zero" else {}
+    trainer = make_trainer(tmp_path, [cb], limit_train_batches=20, max_epochs=3, **kwargs)
+    trainer.fit(model, train, None if how == "no_loader" else val)
+    found = [f for f in cb.findings if f.code in VALIDATION_INFO]
+    assert [f.code for f in found] == ["curve.no_validation"]
+    assert found[0].severity == "info"
+    assert all(f.severity == "info" for f in cb.findings)  # a healthy run: nothing else
+    reason = found[0].evidence["reason"]
+    assert {"no_loader": "no validation dataloader", "no_step": "no `validation_step`",
+            "limit_zero": "`limit_val_batches=0`", "no_loss": "no loss was found"}[how] in reason
+    assert cb.check_status()["status"] == "passed"
+
+
+def test_validation_too_rare_for_the_window_is_an_info(tmp_path: Path) -> None:
+    cb = LossCurveMonitor(window_epochs=2, window_steps=20, strict=True)
+    fit(tmp_path, DigitsMLP(), [cb], max_epochs=4, check_val_every_n_epoch=2)
+    found = [f for f in cb.findings if f.code in VALIDATION_INFO]
+    assert [f.code for f in found] == ["curve.sparse_validation"]
+    assert found[0].severity == "info"
+    assert found[0].evidence["validation_in_window"] < found[0].evidence["needed"]
+    assert found[0].evidence["validation_runs"] == 2
+    assert cb.check_status()["status"] == "passed"
+
+
+def test_frequent_validation_and_short_runs_get_no_validation_info(tmp_path: Path) -> None:
+    cb = LossCurveMonitor(window_epochs=1, window_steps=40, strict=True)
+    fit(tmp_path / "a", DigitsMLP(), [cb], val_check_interval=5)
+    assert not [f for f in cb.findings if f.code in VALIDATION_INFO]
+    assert len(cb.val) >= 3
+    short = LossCurveMonitor(window_epochs=1, window_steps=40, strict=True)
+    train, _ = digits_loaders()
+    make_trainer(tmp_path / "b", [short], limit_train_batches=8).fit(DigitsMLP(), train)
+    assert short.findings == []  # 8 steps: too short to judge anything

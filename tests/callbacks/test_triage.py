@@ -16,10 +16,12 @@ def test_bundle_runs_every_check_in_protocol_order() -> None:
     names = [type(c).__name__ for c in Triage().checks]
     assert names == [
         "BatchInspector",  # data
+        "WorstErrors",  # data (validation)
         "InitialLossCheck",  # init
         "GradientWiringCheck",  # wiring
         "OverfitBatchCheck",  # overfit
         "StructureProbe",  # structure
+        "PaddingProbe",  # structure
         "EvalModeCheck",  # mode
         "LossCurveMonitor",  # curve
         "GradientMonitor",  # grad

@@ -27,6 +27,9 @@ from lightning_triage.callbacks.nonfinite_tracer import (
 from lightning_triage.callbacks.overfit_batch import (
     OverfitBatchCheck,
 )
+from lightning_triage.callbacks.padding_probe import (
+    PaddingProbe,
+)
 from lightning_triage.callbacks.report import (
     TriageReport,
 )
@@ -35,6 +38,9 @@ from lightning_triage.callbacks.structure_probe import (
 )
 from lightning_triage.callbacks.triage import (
     Triage,
+)
+from lightning_triage.callbacks.worst_errors import (
+    WorstErrors,
 )
 
 __all__ = [
@@ -46,8 +52,10 @@ __all__ = [
     "LossCurveMonitor",
     "NonFiniteTracer",
     "OverfitBatchCheck",
+    "PaddingProbe",
     "StructureProbe",
     "Triage",
     "TriageCallback",
     "TriageReport",
+    "WorstErrors",
 ]

@@ -11,6 +11,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
@@ -66,7 +67,10 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
 
     Findings: ``curve.not_learning``, ``curve.lr_too_low``, ``curve.lr_too_high``,
     ``curve.diverging``, ``curve.plateau_at_chance``, ``curve.loss_spike``,
-    ``curve.overfitting``, ``curve.healthy`` (info).
+    ``curve.overfitting``, ``curve.healthy`` (info). At the end of training, for a run that
+    filled a window long enough to classify: ``curve.no_validation`` (info) when no validation
+    ran in the fit, ``curve.sparse_validation`` (info) when too few validation runs fell inside
+    the window for the overfitting rule.
 
     Args:
         task: ``"auto"`` (infer from the first batch), ``"multiclass"``, ``"binary"``,
@@ -151,6 +155,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._val_n = 0
         self._capture = HeadCapture()
         self._steps: StepCounter | None = None
+        self._val_runs = 0
+        self._window_n = 0
 
     # ------------------------------------------------------------------ chance level
     def _scale(self) -> float | None:
@@ -247,7 +253,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     def _close_window(self, trainer: pl.Trainer, complete: bool = True) -> None:
         verdicts = self._classify(final=True)
         self._report(trainer, verdicts, after_window=False)
-        n = len(self.train)
+        n = self._window_n = len(self.train)
         shape = next((v.code.split(".", 1)[1] for v in verdicts), None)
         if shape is None:
             shape = ("healthy" if n >= self.thresholds.min_steps else
@@ -353,6 +359,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         else:
             value = self._val_from_metrics(trainer)
         self._val_sum, self._val_n = None, 0
+        self._val_runs += 1
         if value is None:
             return
         step = trainer.global_step - 1
@@ -376,10 +383,55 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._flush(trainer)
         if not self.window_closed and self.train:
             self._close_window(trainer, complete=False)
+        self._report_validation(trainer, pl_module)
         if self.watch and self.watcher is not None:
             self.detail += (f"; watch: {self.counts['spikes_after_window']} spike(s), "
                             f"{self.counts['divergences_after_window']} divergence(s) after the "
                             "window")
+
+    def _report_validation(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Info findings when the window could not show overfitting: no validation at all, or
+        too few validation runs inside the window (judged once the window held enough steps to
+        classify the curve)."""
+        if self._window_n < self.thresholds.min_steps or self.has_finding("curve.no_validation") \
+                or self.has_finding("curve.sparse_validation"):
+            return
+        needed = 1 + max(2, self.thresholds.overfit_confirm)  # the overfitting rule's minimum
+        if self._val_runs == 0 or not len(self.val_series):
+            if self._val_runs:
+                why = (f"validation ran {self._val_runs} time(s) but no loss was found: return it "
+                       "from `validation_step`, log `val_loss`, or pass `val_key=`")
+            elif not is_overridden("validation_step", pl_module):
+                why = f"`{type(pl_module).__name__}` has no `validation_step`"
+            elif trainer.limit_val_batches == 0:
+                why = "`limit_val_batches=0`"
+            elif trainer.val_dataloaders is None:
+                why = "no validation dataloader was given"
+            else:
+                why = (f"validation never ran in {trainer.current_epoch + 1} epoch(s) "
+                       f"(`check_val_every_n_epoch` = {trainer.check_val_every_n_epoch}, "
+                       f"`val_check_interval` = {trainer.val_check_interval})")
+            finding = self.add_finding(
+                trainer, "curve.no_validation",
+                f"No validation loss in this fit ({why}): overfitting cannot be seen; the curve "
+                f"verdict rests on the training loss of {self._window_n} steps alone.",
+                evidence={"reason": why, "validation_runs": self._val_runs,
+                          "window_steps": self._window_n})
+        elif len(self.val) < needed:
+            finding = self.add_finding(
+                trainer, "curve.sparse_validation",
+                f"Only {len(self.val)} validation loss(es) inside the first-epochs window of "
+                f"{self._window_n} steps ({self._val_runs} validation run(s) in the fit): the "
+                f"overfitting rule needs at least {needed}. Validate more often "
+                "(`val_check_interval=`, `check_val_every_n_epoch=1`) or widen the window "
+                "(`window_epochs=`, `window_steps=`).",
+                evidence={"validation_in_window": len(self.val), "validation_runs": self._val_runs,
+                          "needed": needed, "window_steps": self._window_n,
+                          "check_val_every_n_epoch": trainer.check_val_every_n_epoch,
+                          "val_check_interval": str(trainer.val_check_interval)})
+        else:
+            return
+        log_finding(trainer, finding)
 
     @override
     def series(self) -> dict[str, list[list[float]]]:
@@ -406,6 +458,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             "val_series": self.val_series.state_dict(), "counts": dict(self.counts),
             "reported": [list(k) for k in self._reported],
             "pending": pending, "pending_steps": list(self._pending_steps),
+            "val_runs": self._val_runs, "window_n": self._window_n,
         }
 
     @override
@@ -426,6 +479,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._reported = {(str(c), int(s)) for c, s in state.get("reported", [])}
         self._pending = [torch.tensor(v) for v in state.get("pending", [])]
         self._pending_steps = [int(s) for s in state.get("pending_steps", [])]
+        self._val_runs = int(state.get("val_runs", 0))
+        self._window_n = int(state.get("window_n", 0))
 
 
 __all__ = ["LossCurveMonitor"]

@@ -22,8 +22,10 @@ from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_t
 from lightning_triage.callbacks.loss_curve import LossCurveMonitor
 from lightning_triage.callbacks.nonfinite_tracer import Mode, NonFiniteTracer, OnNonFinite
 from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
+from lightning_triage.callbacks.padding_probe import PaddingProbe
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
+from lightning_triage.callbacks.worst_errors import WorstErrors
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
 
@@ -71,6 +73,8 @@ class Triage(Callback):
         window_steps: optimizer steps of that window.
         watch: keep watching loss and gradient norms for spikes after the window.
         on_spike: ``"warn"`` or ``"skip"`` (zero the gradients of a step whose norm spikes).
+        padding_mask_key: the batch entry holding the padding mask, for the padding probe
+            (:class:`PaddingProbe`) when it cannot find the mask by name.
 
     Raises:
         ValueError: for an unknown ``task`` or ``num_classes < 2``, or overfit arguments out
@@ -114,6 +118,7 @@ class Triage(Callback):
         window_steps: int = 200,
         watch: bool = True,
         on_spike: OnSpike = "warn",
+        padding_mask_key: BatchKey | None = None,
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -147,15 +152,19 @@ class Triage(Callback):
         self.on_spike = on_spike
         self.input_key = input_key
         self.target_key = target_key
+        self.padding_mask_key = padding_mask_key
         self.checks: list[TriageCallback] = [
             BatchInspector(num_classes=num_classes, input_key=input_key, target_key=target_key,
                            strict=strict),
+            WorstErrors(input_key=input_key, target_key=target_key, strict=strict),
             InitialLossCheck(task=task, num_classes=num_classes, input_key=input_key,
                              target_key=target_key, strict=strict),
             GradientWiringCheck(strict=strict),
             *([overfit_check] if overfit else []),
             StructureProbe(causal=True if causal else None, forward_fn=forward_fn,
                            input_key=input_key, target_key=target_key, strict=strict),
+            PaddingProbe(padding_mask_key=padding_mask_key, forward_fn=forward_fn,
+                         input_key=input_key, target_key=target_key, strict=strict),
             EvalModeCheck(strict=strict),
             LossCurveMonitor(task=task, num_classes=num_classes, window_epochs=window_epochs,
                              window_steps=window_steps, watch=watch, strict=strict),

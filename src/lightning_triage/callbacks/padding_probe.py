@@ -1,0 +1,414 @@
+"""Stage 5 (structure): do the outputs at the real positions of a padded batch depend on the
+padding?"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import Tensor, nn
+from typing_extensions import override
+
+from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.callbacks.structure_probe import ForwardFn
+from lightning_triage.functional.batch import BatchKey, split_batch
+from lightning_triage.functional.chance import IGNORE_INDEX
+from lightning_triage.functional.padding import (
+    DEFAULT_PADDING_TOLERANCE,
+    PaddingMask,
+    Recording,
+    find_padding_mask,
+    probe_padding,
+    record_outputs,
+)
+from lightning_triage.probing import silenced_logging
+
+
+def _is_triage_hook(fn: Any) -> bool:
+    target = getattr(fn, "func", fn)  # functools.partial
+    target = getattr(target, "__func__", target)  # bound methods
+    return str(getattr(target, "__module__", "") or "").startswith("lightning_triage")
+
+
+def _drop_triage_hooks(module: nn.Module) -> None:
+    """Remove, from a copy, the module hooks that lightning-triage's checks registered on the
+    original (they must not see the probe's passes); the user's own hooks stay."""
+    for sub in module.modules():
+        dropped: set[int] = set()
+        attrs = vars(sub)
+        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                     "_backward_pre_hooks"):
+            hooks = attrs.get(attr)
+            if isinstance(hooks, dict):
+                for key in [k for k, fn in hooks.items() if _is_triage_hook(fn)]:
+                    del hooks[key]
+                    dropped.add(key)
+        for attr in ("_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                     "_forward_pre_hooks_with_kwargs"):
+            extra = attrs.get(attr)
+            if isinstance(extra, dict):
+                for key in dropped:
+                    extra.pop(key, None)
+
+
+@contextmanager
+def _probe_copy(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Iterator[nn.Module]:
+    """A deep copy of ``pl_module`` (sharing the trainer, not copying it) in eval mode, with its
+    ``self.log`` silenced and the hooks of lightning-triage removed. The live module is not
+    touched. (Local helper; to be replaced by the project's shared copy helper.)"""
+    memo: dict[int, Any] = {id(trainer): trainer}
+    try:
+        twin = copy.deepcopy(pl_module, memo)
+    except Exception as exc:
+        raise _NoCopyError(exc) from exc
+    if isinstance(twin, pl.LightningModule):
+        twin.trainer = trainer  # `LightningModule.__getstate__` drops it (`self.all_gather`...)
+    _drop_triage_hooks(twin)
+    twin.eval()
+    try:
+        with silenced_logging(twin):
+            yield twin
+    finally:
+        del twin
+
+
+class _Rng:
+    """Saved RNG states (torch CPU and CUDA, numpy, ``random``): :meth:`reset` puts them back
+    before each paired pass, :meth:`restore` at the end."""
+
+    def __init__(self) -> None:
+        self.torch = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.numpy = np.random.get_state()
+        self.python = random.getstate()
+
+    def reset(self) -> None:
+        torch.set_rng_state(self.torch)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        np.random.set_state(self.numpy)
+        random.setstate(self.python)
+
+    restore = reset
+
+
+class _UserCodeError(Exception):
+    """The user's code raised inside the probe (the cause is the original exception)."""
+
+
+class _NoCopyError(Exception):
+    """The module could not be deep-copied (the cause is the original exception)."""
+
+
+class PaddingProbe(TriageCallback):
+    """Probe, once, whether the outputs at the real positions of a padded batch depend on the
+    padding (``structure.padding_leak``).
+
+    At the first training batch, when the batch has a padding mask (found by
+    :func:`~lightning_triage.functional.padding.find_padding_mask`: a dict entry named like
+    ``attention_mask``/``padding_mask``/``key_padding_mask`` holding a bool or 0/1 tensor of the
+    inputs' shape, or targets holding ``ignore_index`` at a padded end of every row), the probe
+    runs the user's ``training_step`` (or ``forward_fn``) on a deep copy of the module, in eval
+    mode, without gradients, on a copy of the batch (at most ``max_examples`` examples),
+    recording every module's output:
+
+    1. twice as is: if the two head outputs differ, the model is not deterministic in eval mode
+       and the probe stops (``structure.probe_skipped``, info);
+    2. with other token ids (or noise, for float inputs) at the padded positions;
+    3. with more padded positions at the padded end (right or left padding).
+
+    If the head output at the real positions (or the pooled head output) moves beyond float
+    noise (``tolerance``, relative), the finding names the first module whose output at the real
+    positions moved. Without a padding mask the probe does not run and ``checks[].detail`` says
+    why. Every RNG is reset before each pass and restored afterwards; the live module, its
+    optimizer and the batch are never touched.
+
+    Args:
+        padding_mask_key: the batch entry holding the padding mask when it cannot be found by
+            name (a key, an index or a callable ``batch -> tensor``); a name containing "pad"
+            means true/1 marks padding, any other that true/1 marks a real position.
+        forward_fn: ``callable(pl_module, batch) -> output`` running the model's forward on a
+            batch; default: ``training_step``. Needed under manual optimization.
+        input_key: the batch entry holding the inputs (default: found by name or position).
+        target_key: the batch entry holding the targets, likewise.
+        max_examples: the probe uses at most this many examples of the batch.
+        tolerance: relative change of the head output at the real positions above which the
+            padding counts as leaking.
+        ignore_index: the target value of padded positions.
+        strict: raise internal errors (and errors of the user's code in the probe) instead of
+            reporting them.
+
+    Raises:
+        ValueError: for an invalid argument (named in the message).
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[PaddingProbe(padding_mask_key="mask")])
+
+        In LightningCLI YAML::
+
+            trainer:
+              callbacks:
+                - class_path: lightning_triage.PaddingProbe
+                  init_args: {padding_mask_key: mask, max_examples: 8}
+    """
+
+    def __init__(
+        self,
+        padding_mask_key: BatchKey | None = None,
+        forward_fn: ForwardFn | None = None,
+        input_key: BatchKey | None = None,
+        target_key: BatchKey | None = None,
+        max_examples: int = 8,
+        tolerance: float = DEFAULT_PADDING_TOLERANCE,
+        ignore_index: int = IGNORE_INDEX,
+        *,
+        strict: bool = False,
+    ) -> None:
+        super().__init__(strict=strict)
+        for arg, value in (("padding_mask_key", padding_mask_key), ("input_key", input_key),
+                           ("target_key", target_key)):
+            if value is not None and not isinstance(value, (str, int)) and not callable(value):
+                raise ValueError(f"`{arg}` must be a key, an index, a callable or None, "
+                                 f"got {value!r}.")
+        if forward_fn is not None and not callable(forward_fn):
+            raise ValueError(f"`forward_fn` must be callable(pl_module, batch) or None, got "
+                             f"{forward_fn!r}.")
+        if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
+            raise ValueError(f"`max_examples` must be an integer >= 1, got {max_examples!r}.")
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
+                or not 0 < tolerance < 1:
+            raise ValueError(f"`tolerance` must be a number in (0, 1), got {tolerance!r}.")
+        self.padding_mask_key = padding_mask_key
+        self.forward_fn = forward_fn
+        self.input_key = input_key
+        self.target_key = target_key
+        self.max_examples = max_examples
+        self.tolerance = tolerance
+        self.ignore_index = ignore_index
+        self.results: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ hooks
+    @override
+    @guarded
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self.ran or self.results or trainer.global_step != 0 or batch_idx != 0:
+            self.idle = True  # the probe runs on the first batch of a fit or not at all
+            if not self.ran and not self.detail:
+                self.skip(f"not run: the fit started at step {trainer.global_step} (the probe "
+                          "runs at the first batch of step 0)")
+            return
+        start = time.perf_counter()
+        error: Exception | None = None
+        try:
+            ready, why, plan = self._plan(pl_module, batch)
+        except Exception as plan_error:  # reported after the decision: no rank left waiting
+            ready, why, plan, error = False, None, (), plan_error
+        go = ready
+        if trainer.world_size > 1:  # the user's code may hold collectives: all ranks or none
+            go = bool(trainer.strategy.reduce_boolean_decision(ready, all=True))
+        if error is not None:
+            raise error
+        if not go:
+            self.results["skipped"] = why or "another rank could not run it"
+            self.skip(f"skipped: {self.results['skipped']}")
+            self.idle = True
+            return
+        try:
+            self._probe(trainer, pl_module, *plan)
+        except (_UserCodeError, _NoCopyError) as err:
+            exc = err.__cause__
+            text = str(exc) if len(str(exc)) <= 200 else str(exc)[:200] + "..."
+            why = (f"the model raised {type(exc).__name__}: {text} when run on a perturbed copy "
+                   "of the first batch" if isinstance(err, _UserCodeError) else
+                   f"the LightningModule could not be deep-copied ({type(exc).__name__}: {text})")
+            self.results["skipped"] = why
+            self.add_finding(trainer, "structure.probe_skipped",
+                             f"The padding probe did not run to the end: {why}. Pass "
+                             "`forward_fn=` or `padding_mask_key=`.",
+                             evidence={"reason": why, "part": "padding probe"}, global_step=0)
+            self.mark_ran(f"skipped: {why}")
+        finally:
+            seconds = time.perf_counter() - start
+            self.results["seconds"] = round(seconds, 4)
+            self.idle = True
+        if self.ran:
+            self.detail = f"{self.detail}; cost {1000 * seconds:.0f} ms"
+
+    # ------------------------------------------------------------------ probe
+    def _plan(self, pl_module: pl.LightningModule,
+              batch: Any) -> tuple[bool, str | None, tuple[Any, Tensor, Tensor | None, PaddingMask]
+                                   | tuple[()]]:
+        if not pl_module.automatic_optimization and self.forward_fn is None:
+            return False, ("manual optimization (running `training_step` would step the "
+                           "optimizers); pass `forward_fn=`"), ()
+        copied = self._copy(batch)
+        x, y = split_batch(copied, self.input_key, self.target_key)
+        mask = find_padding_mask(copied, x, y, key=self.padding_mask_key,
+                                 ignore_index=self.ignore_index)
+        if isinstance(mask, str):
+            return False, mask, ()
+        assert x is not None
+        return True, None, (copied, x, y, mask)
+
+    def _copy(self, batch: Any) -> Any:
+        """A copy of ``batch`` with at most ``max_examples`` examples (tensors cloned)."""
+        inputs = split_batch(batch, self.input_key, self.target_key).inputs
+        n = None if inputs is None or inputs.dim() == 0 else inputs.shape[0]
+        keep = None if n is None or n <= self.max_examples else self.max_examples
+
+        def cut(t: Tensor) -> Tensor:
+            if keep is not None and t.dim() > 0 and t.shape[0] == n:
+                t = t[:keep]
+            return t.detach().clone()
+
+        def cut_list(v: list[Any]) -> list[Any]:
+            return v[:keep] if keep is not None and len(v) == n else list(v)
+
+        copied = apply_to_collection(batch, Tensor, cut)
+        return apply_to_collection(copied, list, cut_list, wrong_dtype=None) if keep else copied
+
+    def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, x: Tensor,
+               y: Tensor | None, mask: PaddingMask) -> None:
+        n = x.shape[0]
+        self.results.update({"mask": mask.source, "side": mask.side,
+                             "padded_positions": int(mask.pad.sum()),
+                             "real_positions": int(mask.real.sum()),
+                             "shape": list(x.shape[:2])})
+        rng = _Rng()
+        asked: list[str] = []
+        try:
+            with _probe_copy(trainer, pl_module) as twin, torch.no_grad(), \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+
+                def run(b: Any) -> Recording:
+                    rng.reset()
+                    with record_outputs(twin, n) as rec:
+                        self._run(trainer, twin, b)
+                    return rec
+
+                def gate(name: str, ready: bool) -> bool:  # every rank runs the same passes
+                    asked.append(name)
+                    if trainer.world_size > 1:
+                        return bool(trainer.strategy.reduce_boolean_decision(ready, all=True))
+                    return ready
+
+                result = probe_padding(run, batch, x, mask, targets=y,
+                                       ignore_index=self.ignore_index, tolerance=self.tolerance,
+                                       gate=gate)
+        except BaseException:
+            if trainer.world_size > 1:  # answer the decisions this rank will not reach
+                for _ in range(len(asked), 3):
+                    trainer.strategy.reduce_boolean_decision(False, all=True)
+            raise
+        finally:
+            rng.restore()
+        self.results["forward_passes"] = result["passes"]
+        self.results["noise"] = result["noise"]
+        status = result["status"]
+        self.results["status"] = status
+        base = (f"mask {mask.source} ({mask.side or 'mixed'} padding, {int(mask.pad.sum())} "
+                f"padded of {mask.pad.numel()} positions); {result['passes']} forward passes on "
+                f"a copy")
+        if status in ("no_head", "unaligned"):
+            why = ("no module returned a floating output with the batch's examples on dim 0"
+                   if status == "no_head" else
+                   f"the head output {tuple(result.get('shape', []))} is neither per position "
+                   f"(dim 1 = {x.shape[1]}) nor pooled `(N, C)`")
+            self.add_finding(trainer, "structure.probe_skipped",
+                             f"The padding probe could not compare outputs: {why}. Pass "
+                             "`forward_fn=` returning the model's per-position or pooled output.",
+                             evidence={"reason": why, "part": "padding probe"}, global_step=0)
+            self.mark_ran(f"skipped: {why}")
+            return
+        if status == "skipped":
+            self.mark_ran("skipped: another rank could not run the probe's passes")
+            return
+        if status == "nondeterministic":
+            why = (f"the model gave different outputs for the same batch twice in eval mode "
+                   f"(relative difference {result['noise']:.3g}) with every RNG reset")
+            self.add_finding(trainer, "structure.probe_skipped",
+                             f"The padding probe did not run: {why}; a perturbation could not be "
+                             "told from the noise.",
+                             evidence={"reason": why, "part": "padding probe",
+                                       "noise": result["noise"]}, global_step=0)
+            self.mark_ran(f"skipped: {why}")
+            return
+        leaks = result["leaks"]
+        if not leaks:
+            self.mark_ran(f"{base}: no leak (head `{self._label(pl_module, result['head'])}`)")
+            return
+        parts = []
+        for leak in leaks:
+            what = ("other token ids at the padded positions" if leak.perturbation == "content"
+                    else "more padded positions")
+            where = "at the real positions" if leak.change.compared == "positions" else "(pooled)"
+            parts.append(f"{what} moved it {where} by up to {leak.change.max_abs_diff:.3g} "
+                         f"({100 * leak.change.relative_diff:.3g}% of its largest value)")
+        first = next((leak.first_module for leak in leaks if leak.first_module is not None), None)
+        label = self._label(pl_module, first)
+        where_msg = (f" The first module whose output at the real positions moved is `{label}`."
+                     if first else "")
+        self.add_finding(
+            trainer, "structure.padding_leak",
+            f"The output of `{self._label(pl_module, result['head'])}` depends on the padding "
+            f"(mask {mask.source}): {'; '.join(parts)}.{where_msg} Pass the padding mask to "
+            "attention (`key_padding_mask`), pool over the real positions only (masked mean) "
+            "and keep padded positions out of the loss (`ignore_index`).",
+            layer=self._layer(first),
+            evidence={"mask": mask.source, "side": mask.side, "first_module": first,
+                      "head": result["head"],
+                      "perturbations": [
+                          {"perturbation": leak.perturbation, "compared": leak.change.compared,
+                           "max_abs_diff": leak.change.max_abs_diff,
+                           "relative_diff": leak.change.relative_diff,
+                           "first_module": leak.first_module} for leak in leaks],
+                      "noise": result["noise"], "batch_shape": list(x.shape[:2]),
+                      "padded_positions": int(mask.pad.sum())},
+            global_step=0,
+        )
+        self.mark_ran(f"{base}: leak ({', '.join(leak.perturbation for leak in leaks)})")
+
+    @staticmethod
+    def _label(pl_module: pl.LightningModule, name: str | None) -> str:
+        if not name:
+            return type(pl_module).__name__
+        return name
+
+    @staticmethod
+    def _layer(name: str | None) -> str | None:
+        return name or None
+
+    def _run(self, trainer: pl.Trainer, module: nn.Module, batch: Any) -> Any:
+        try:
+            with trainer.precision_plugin.train_step_context():
+                if self.forward_fn is not None:
+                    return self.forward_fn(module, batch)  # type: ignore[arg-type]
+                return module.training_step(batch, 0)  # type: ignore[operator]
+        except Exception as exc:
+            if self.strict:
+                raise
+            raise _UserCodeError(exc) from exc
+
+    # ------------------------------------------------------------------ state
+    @override
+    def extra_state(self) -> dict[str, Any]:
+        return {"results": dict(self.results)}
+
+    @override
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.results = dict(state.get("results", {}))
+
+
+__all__ = ["PaddingProbe"]
