@@ -148,3 +148,176 @@ def test_moe_with_an_empty_expert(tmp_path: Path, precision: str) -> None:
     # the expert that never gets a token really has a zero gradient: the one true finding
     assert [f.code for f in problems] == ["wiring.zero_grad_params"], problems
     assert problems[0].evidence["modules"] == ["experts.3"]
+
+
+# ---------------------------------------------------------------------- every tensor kind
+def tensor_kinds() -> dict[str, Tensor]:
+    """The tensors a hook can meet that exist on CPU (non-zero values, one NaN-free each)."""
+    dense = torch.tensor([[0.0, -2.0, 0.5], [1.0, 0.0, 0.0]])
+    return {
+        "dense": dense,
+        "empty": torch.zeros(0, 16),
+        "empty_half": torch.zeros(0, 16, dtype=torch.bfloat16),
+        "sparse_coo": dense.to_sparse(),
+        "sparse_coo_uncoalesced": torch.sparse_coo_tensor([[0, 0, 1]], [[1.0, 2.0, 0.0]] * 3,
+                                                          (2, 3)),
+        "sparse_csr": dense.to_sparse_csr(),
+        "complex": torch.tensor([3 + 4j, 0j]),
+        "integer": torch.tensor([0, -7, 2]),
+        "bool": torch.tensor([False, True]),
+        "quantized": torch.quantize_per_tensor(dense, 0.5, 0, torch.qint8),
+        "meta": torch.empty(2, 3, device="meta"),
+        "nested": torch.nested.nested_tensor([torch.ones(2, 3), -2 * torch.ones(1, 3)]),
+        "nested_jagged": torch.nested.nested_tensor([torch.ones(2, 3), -2 * torch.ones(1, 3)],
+                                                    layout=torch.jagged),
+        "half": dense.half(),
+    }
+
+
+EXPECTED_PEAK = {"dense": 2.0, "empty": None, "empty_half": None, "sparse_coo": 2.0,
+                 "sparse_coo_uncoalesced": 2.0, "sparse_csr": 2.0, "complex": 5.0,
+                 "integer": 7.0, "bool": 1.0, "quantized": 2.0, "meta": None, "nested": 2.0,
+                 "nested_jagged": 2.0, "half": 2.0}
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_PEAK))
+def test_tensor_readers_handle_every_kind(kind: str) -> None:
+    from lightning_triage.functional.nonfinite import max_abs, tensor_stats
+    from lightning_triage.functional.tensors import abs_peak, any_nonzero
+
+    t = tensor_kinds()[kind]
+    peak = abs_peak(t)
+    expected = EXPECTED_PEAK[kind]
+    assert (None if peak is None else float(peak)) == expected
+    total = max_abs([t])
+    assert (None if total is None else float(total)) == expected
+    nonzero = any_nonzero(t)
+    if kind == "meta":
+        assert nonzero is None
+    else:
+        assert nonzero is not None and bool(nonzero) == (expected is not None)
+    stats = tensor_stats(t)
+    assert stats.nan == 0 and stats.inf == 0
+    assert stats.max_abs == (expected or 0.0)
+
+
+def test_uncoalesced_duplicates_that_cancel_are_zero() -> None:
+    from lightning_triage.functional.tensors import any_nonzero
+
+    cancel = torch.sparse_coo_tensor([[1, 1]], [2.0, -2.0], (3,))
+    assert not bool(any_nonzero(cancel))
+
+
+@pytest.mark.parametrize("kind", ["sparse_coo", "sparse_coo_uncoalesced", "nested", "half",
+                                  "complex"])
+def test_gradients_nonfinite_reads_any_gradient_layout(kind: str) -> None:
+    from lightning_triage.functional.nonfinite import gradients_nonfinite
+
+    finite = tensor_kinds()[kind]
+    flag = gradients_nonfinite([finite, torch.ones(2)])
+    assert flag is not None and float(flag) == 0.0
+    bad = {"sparse_coo": torch.sparse_coo_tensor([[0]], [float("nan")], (3,)),
+           "sparse_coo_uncoalesced": torch.sparse_coo_tensor([[0, 0]], [1.0, float("inf")], (3,)),
+           "nested": torch.nested.nested_tensor([torch.ones(2), torch.tensor([float("nan")])]),
+           "half": torch.tensor([float("inf")], dtype=torch.half),
+           "complex": torch.tensor([complex(float("nan"), 0)])}[kind]
+    flag = gradients_nonfinite([torch.ones(2), bad])
+    assert flag is not None and float(flag) > 0
+
+
+def test_alive_units_of_a_sparse_gradient() -> None:
+    from lightning_triage.functional.gradients import alive_units
+
+    emb = nn.Embedding(6, 3, sparse=True)
+    emb(torch.tensor([1, 4, 4])).sum().backward()
+    assert emb.weight.grad is not None and emb.weight.grad.is_sparse
+    assert alive_units(emb.weight.grad).tolist() == [False, True, False, False, True, False]
+    assert alive_units(torch.zeros(0, 3)).tolist() == []
+
+
+class _Param:
+    """Stands for a parameter in a post-accumulate-grad hook: only ``.grad`` is read."""
+
+    def __init__(self, grad: Tensor) -> None:
+        self.grad = grad
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_PEAK))
+def test_wiring_gradient_hook_handles_every_kind(kind: str) -> None:
+    from lightning_triage import GradientWiringCheck
+
+    check = GradientWiringCheck(strict=True)
+    hook = check._make_hook(None, "w")  # type: ignore[arg-type]
+    hook(_Param(tensor_kinds()[kind]))
+    assert not check.disabled and check._received == {"w"}
+    # an empty or data-less gradient is never reported as "exactly zero"
+    assert bool(check._nonzero["w"]) is True
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_PEAK))
+def test_near_overflow_sampler_hook_handles_every_kind(kind: str) -> None:
+    from lightning_triage import NonFiniteTracer
+
+    tracer = NonFiniteTracer(strict=True)
+    layer = nn.Identity()
+    tracer._sample_outputs(None, layer)  # type: ignore[arg-type]
+    layer(tensor_kinds()[kind])
+    assert tracer._peaks is not None
+    half = kind in ("half", "empty_half")
+    assert [name for name, _ in tracer._peaks] == ([""] if kind == "half" else [])
+    assert half or not tracer._peaks
+    tracer.remove_handles()
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_PEAK))
+def test_head_capture_hook_handles_every_kind(kind: str) -> None:
+    from lightning_triage.functional.hooks import capture_last_output
+
+    layer = nn.Identity()
+    t = tensor_kinds()[kind]
+    with capture_last_output(layer) as captured:
+        layer(t)
+    # only an ordinary floating tensor with a batch dimension is taken as the head output
+    takes = kind in ("dense", "empty", "empty_half", "half")
+    assert (captured.output is not None) == takes
+
+
+def test_a_failing_forward_hook_disables_its_check_and_never_reaches_the_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lightning_triage.callbacks.nonfinite_tracer as tracer_module
+
+    def broken(t: Tensor) -> Tensor:
+        raise RuntimeError("injected fault in the sampler")
+
+    data = moe_data()
+    plain, _ = fit(tmp_path, MoE, data, None, precision="bf16-mixed")
+    monkeypatch.setattr(tracer_module, "abs_peak", broken)
+    triage = Triage(verbose=False)  # not strict: the fault must be contained
+    watched, findings = fit(tmp_path, MoE, data, triage, precision="bf16-mixed")
+    assert_identical(plain, watched)
+    errors = [f for f in findings if f.code == "triage.check_error"]
+    assert [(f.check, f.evidence["hook"]) for f in errors] == [("NonFiniteTracer",
+                                                                 "forward hook")]
+    tracer = next(c for c in triage.triage_checks if c.check_name == "NonFiniteTracer")
+    assert tracer.disabled and tracer.check_status()["status"] == "error"
+    others = [c for c in triage.triage_checks if c is not tracer]
+    assert not any(c.disabled for c in others)
+
+
+def test_a_failing_gradient_hook_disables_its_check_and_never_reaches_the_backward(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lightning_triage.callbacks.gradient_wiring as wiring_module
+
+    def broken(t: Tensor) -> Tensor:
+        raise RuntimeError("injected fault in the gradient hook")
+
+    data = token_data()
+    make = lambda: SparseEmbeddingBag("sgd")  # noqa: E731
+    plain, _ = fit(tmp_path, make, data, None)
+    monkeypatch.setattr(wiring_module, "any_nonzero", broken)
+    triage = Triage(verbose=False)
+    watched, findings = fit(tmp_path, make, data, triage)
+    assert_identical(plain, watched)
+    errors = [(f.check, f.evidence["hook"]) for f in findings if f.code == "triage.check_error"]
+    assert errors == [("GradientWiringCheck", "gradient hook")]
+    assert not any(f.stage == "wiring" and f.code != "triage.check_error" for f in findings)

@@ -29,7 +29,6 @@ from lightning_triage.callbacks._monitor import (
     validate_window,
 )
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.functional.tensors import is_plain, plain_values
 from lightning_triage.functional.gradients import (
     GradThresholds,
     GradVerdict,
@@ -43,6 +42,7 @@ from lightning_triage.functional.gradients import (
 )
 from lightning_triage.functional.series import BoundedSeries
 from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
+from lightning_triage.functional.tensors import is_plain, plain_values
 from lightning_triage.probing import step_loss
 
 OnSpike = Literal["warn", "skip"]
@@ -242,12 +242,12 @@ class GradientMonitor(TriageCallback, WindowMixin):
                 self._thr = torch.full((), self.watcher.threshold(), device=total.device)
             self._skip(total)
 
-    def _plain(self, grads: list[Tensor]) -> list[Tensor]:
+    def _plain(self, grads: list[Tensor | None]) -> list[Tensor]:
         """Gradients of any layout as dense tensors with the same norm: a sparse gradient's
         coalesced values, a nested one's packed values; no data (meta): norm 0."""
         out = []
         for p, g in zip(self._params, grads, strict=True):
-            values = g if is_plain(g) else plain_values(g, coalesce=True)
+            values = g if g is None or is_plain(g) else plain_values(g, coalesce=True)
             out.append(self._zero(p) if values is None or values.numel() == 0 else values)
         return out
 

@@ -165,7 +165,8 @@ class GradientWiringCheck(TriageCallback):
             # gradients ...); an empty parameter has no value to be zero; no data (meta): unknown
             flag = any_nonzero(grad) if grad.numel() else None
             if flag is None:
-                flag = torch.ones((), dtype=torch.bool, device=grad.device)
+                flag = torch.ones((), dtype=torch.bool,
+                                  device="cpu" if grad.is_meta else grad.device)
             prev = self._nonzero.get(name)
             self._nonzero[name] = flag if prev is None else prev | flag
 
