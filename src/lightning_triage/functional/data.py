@@ -151,8 +151,9 @@ def summarize_tensor(t: Tensor, name: str = "tensor",
     if n_fin == 0:
         return TensorSummary(name, shape, dtype, numel, n_nan, n_inf, None, None, None, None, None,
                              rows)
-    return TensorSummary(name, shape, dtype, numel, n_nan, n_inf,
-                         *[float(v) for v in packed[3:]], rows=rows)
+    lo_v, hi_v, mean_v, std_v, rms_v = (float(v) for v in packed[3:])
+    return TensorSummary(name, shape, dtype, numel, n_nan, n_inf, lo_v, hi_v, mean_v, std_v,
+                         rms_v, rows)
 
 
 def first_nonfinite_example(t: Tensor) -> int | None:
