@@ -35,16 +35,9 @@ class SparseEmbeddingBag(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         if self.optimizer == "sgd":
             return torch.optim.SGD(self.parameters(), lr=0.5)
-        # SparseAdam takes only sparse gradients: the dense head gets Adam
+        # SparseAdam takes only sparse gradients: the dense head gets Adam (manual optimization)
         return [torch.optim.SparseAdam(list(self.emb.parameters()), lr=0.01),
                 torch.optim.Adam(self.head.parameters(), lr=0.01)]
-
-    def on_fit_start(self) -> None:
-        if self.optimizer != "sgd":
-            self.automatic_optimization = False
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        pass
 
 
 class ManualSparseAdam(SparseEmbeddingBag):
