@@ -126,13 +126,29 @@ def test_internal_error_raises_with_strict(tmp_path: Path) -> None:
     assert read_report(tmp_path)["status"] == "crashed"
 
 
-def test_unwritable_report_dir_is_rejected_at_setup(tmp_path: Path) -> None:
+def test_unwritable_report_dir_is_rejected_at_setup_when_strict(tmp_path: Path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     train, _ = digits_loaders()
-    trainer = make_trainer(tmp_path, [Triage(report_dir=blocker / "triage")])
+    trainer = make_trainer(tmp_path, [Triage(report_dir=blocker / "triage", strict=True)])
     with pytest.raises(ValueError, match=r"`report_dir` '.*a_file/triage' is not writable"):
         trainer.fit(DigitsMLP(), train)
+
+
+def test_unwritable_report_dir_warns_once_and_the_fit_goes_on(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    train, _ = digits_loaders()
+    triage = Triage(report_dir=blocker / "triage", verbose=False)
+    trainer = make_trainer(tmp_path, [triage], max_epochs=2)
+    with pytest.warns(RuntimeWarning, match=r"`report_dir` '.*a_file/triage' is not writable") \
+            as caught:
+        trainer.fit(DigitsMLP(), train)
+    assert trainer.state.finished and trainer.global_step == 8
+    assert sum("is not writable" in str(w.message) for w in caught) == 1
+    assert triage.report.report is not None and triage.report.paths == []
+    assert blocker.read_text() == "not a directory"
+    assert not list(tmp_path.rglob("triage_report.*"))
 
 
 def test_resume_from_checkpoint_keeps_the_findings(tmp_path: Path) -> None:

@@ -174,3 +174,39 @@ def test_batch_picture_kinds(digits):
     assert tokens["kind"] == "tokens"
     assert all(isinstance(v, int) for v in tokens["examples"][0])
     assert not any(isinstance(v, float) and math.isnan(v) for v in img["examples"][0][0][0])
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_summary_in_chunks_matches_the_whole_tensor(contiguous: bool) -> None:
+    from lightning_triage.functional.data import CHUNK_ELEMENTS
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3 * CHUNK_ELEMENTS // 512 + 5, 512, generator=g) * 4 + 2  # 3+ chunks
+    x[7, 3], x[-1, -1], x[100, 0] = float("nan"), float("inf"), -50.0
+    t = x if contiguous else x.t()
+    s = summarize_tensor(t, "x")
+    finite = x[torch.isfinite(x)].double()
+    assert (s.nan, s.inf, s.rows) == (1, 1, None)
+    assert s.min == -50.0 and s.max == float(finite.max())
+    assert s.mean == pytest.approx(float(finite.mean()), rel=1e-9)
+    assert s.std == pytest.approx(float(finite.std()), rel=1e-6)
+    assert s.rms == pytest.approx(float(finite.square().mean().sqrt()), rel=1e-9)
+
+
+def test_summary_of_a_huge_tensor_reads_evenly_spaced_rows() -> None:
+    x = torch.arange(1000.0)[:, None].repeat(1, 10)  # row i holds the value i
+    s = summarize_tensor(x, "x", max_elements=1000)
+    assert s.rows == 100 and s.numel == 10_000
+    assert (s.min, s.max) == (0.0, 999.0)  # first and last rows are read
+    assert s.mean == pytest.approx(499.5, abs=1.0)
+    assert summarize_tensor(x, "x", max_elements=None).rows is None
+    assert summarize_tensor(torch.ones(1, 5000), "x", max_elements=100).rows is None  # one row
+
+
+def test_constant_across_batch_reads_every_chunk() -> None:
+    from lightning_triage.functional.data import CHUNK_ELEMENTS
+
+    x = torch.ones(2 * CHUNK_ELEMENTS // 64 + 3, 64)
+    assert constant_across_batch(x)
+    x[-1, -1] = 2.0  # only the last example differs
+    assert not constant_across_batch(x)

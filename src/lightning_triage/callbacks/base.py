@@ -156,6 +156,24 @@ class TriageCallback(Callback):
         while self._handles:
             self._handles.pop().remove()
 
+    def guard_hook(self, trainer: pl.Trainer | None, where: str,
+                   hook: Callable[..., object]) -> Callable[..., None]:
+        """Wrap a hook that runs inside the user's forward or backward (a module or tensor
+        hook): an internal error disables this check (``triage.check_error``) and never reaches
+        the user's step; ``strict`` raises it. The wrapper returns ``None`` whatever ``hook``
+        returns, so it can never replace an output or a gradient, and does nothing once the
+        check is disabled."""
+
+        def run(*args: Any, **kwargs: Any) -> None:
+            if self.disabled:
+                return
+            try:
+                hook(*args, **kwargs)
+            except Exception as exc:
+                self.hook_failed(trainer, where, exc)
+
+        return run
+
     def hook_failed(self, trainer: pl.Trainer | None, hook: str, exc: Exception) -> None:
         """What :func:`guarded` does with an internal error: raise it (``strict``) or disable the
         check with a ``triage.check_error`` finding."""

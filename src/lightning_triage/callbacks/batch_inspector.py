@@ -696,17 +696,14 @@ class BatchInspector(TriageCallback):
     # ------------------------------------------------------------------ class count capture
     def _arm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._capture = ExitStack()
-        self._captured = self._capture.enter_context(capture_last_output(pl_module))
+        self._captured = self._capture.enter_context(capture_last_output(
+            pl_module, wrap=lambda hook: self.guard_hook(trainer, "forward hook", hook)))
 
         def on_model_output(module: Any, args: Any, output: Any) -> None:
-            try:
-                self._learn_classes(trainer)
-            except Exception as exc:
-                if self.strict:
-                    raise
-                self._disable_after_error(trainer, "forward hook", exc)
+            self._learn_classes(trainer)
 
-        self._capture.callback(pl_module.register_forward_hook(on_model_output).remove)
+        hook = self.guard_hook(trainer, "forward hook", on_model_output)
+        self._capture.callback(pl_module.register_forward_hook(hook).remove)
 
     def _learn_classes(self, trainer: pl.Trainer) -> None:
         """Take the class count from the model output captured so far, then check the batch."""

@@ -42,6 +42,7 @@ from lightning_triage.functional.gradients import (
 )
 from lightning_triage.functional.series import BoundedSeries
 from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
+from lightning_triage.functional.tensors import is_plain, plain_values
 from lightning_triage.probing import step_loss
 
 OnSpike = Literal["warn", "skip"]
@@ -226,7 +227,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
             grads = [p.grad if p.grad is not None else self._zero(p) for p in self._params]
         # one fused kernel per step; the stack and the total norm are taken per chunk at the
         # flush (the total, computed once there, serves the window classifier and the watch)
-        norms = tuple(torch._foreach_norm(grads))  # type: ignore[arg-type]
+        try:
+            norms = tuple(torch._foreach_norm(grads))  # type: ignore[arg-type]
+        except (NotImplementedError, RuntimeError):  # sparse gradients (sparse embeddings) ...
+            norms = tuple(torch._foreach_norm(self._plain(grads)))
         self._p_norms.append(norms)
         self._p_steps.append(trainer.global_step if self._steps is None else self._steps.completed)
         self._need_loss = True
@@ -237,6 +241,15 @@ class GradientMonitor(TriageCallback, WindowMixin):
             if self._thr is None:
                 self._thr = torch.full((), self.watcher.threshold(), device=total.device)
             self._skip(total)
+
+    def _plain(self, grads: list[Tensor | None]) -> list[Tensor]:
+        """Gradients of any layout as dense tensors with the same norm: a sparse gradient's
+        coalesced values, a nested one's packed values; no data (meta): norm 0."""
+        out = []
+        for p, g in zip(self._params, grads, strict=True):
+            values = g if g is None or is_plain(g) else plain_values(g, coalesce=True)
+            out.append(self._zero(p) if values is None or values.numel() == 0 else values)
+        return out
 
     def _zero(self, p: Tensor) -> Tensor:
         zero = self._zeros.get(p.device)
@@ -261,7 +274,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
         skip = total > self._thr if self._amp_fp16 else ~(total <= self._thr)
         for p in self._params:
             if p.grad is not None:
-                p.grad.masked_fill_(skip, 0.0)
+                if is_plain(p.grad):
+                    p.grad.masked_fill_(skip, 0.0)
+                else:  # sparse layouts have no masked_fill_
+                    p.grad.mul_((~skip).to(p.grad.dtype))
         if self._skipped is None:
             self._skipped = torch.zeros((), dtype=torch.long, device=total.device)
         self._skipped += skip

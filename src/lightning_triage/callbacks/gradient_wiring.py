@@ -12,6 +12,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.functional.tensors import any_nonzero
 from lightning_triage.functional.wiring import (
     ModuleGroup,
     WiringResult,
@@ -114,7 +115,7 @@ class GradientWiringCheck(TriageCallback):
                 self.skip(f"skipped: parameters are sharded/flattened under `{sharded}`")
                 return
             self._arm(trainer, pl_module)
-        self._hook_new(pl_module)
+        self._hook_new(trainer, pl_module)
         self._backwards += 1
         if isinstance(loss, Tensor) and not loss.requires_grad:
             self._report_detached(trainer, loss)
@@ -145,25 +146,31 @@ class GradientWiringCheck(TriageCallback):
             else:
                 self._frozen[name] = p.numel()
 
-    def _hook_new(self, pl_module: pl.LightningModule) -> None:
+    def _hook_new(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Hook the trainable parameters not hooked yet that require grad now (a parameter
         toggled off by `toggle_optimizer` is hooked at the backward that toggles it on)."""
         for name, p in pl_module.named_parameters():
             if name in self._trainable and name not in self._hooked and p.requires_grad:
                 self._hooked.add(name)
-                self.add_handle(p.register_post_accumulate_grad_hook(self._make_hook(name)))
+                self.add_handle(p.register_post_accumulate_grad_hook(
+                    self._make_hook(trainer, name)))
 
-    def _make_hook(self, name: str) -> Any:
+    def _make_hook(self, trainer: pl.Trainer, name: str) -> Any:
         def hook(param: Tensor) -> None:
             self._received.add(name)
             grad = param.grad
             if grad is None:
                 return
-            flag = grad.detach().ne(0).any()  # stays on the device: no host sync per hook
+            # stays on the device: no host sync per hook; any layout (sparse embedding
+            # gradients ...); an empty parameter has no value to be zero; no data (meta): unknown
+            flag = any_nonzero(grad) if grad.numel() else None
+            if flag is None:
+                flag = torch.ones((), dtype=torch.bool,
+                                  device="cpu" if grad.is_meta else grad.device)
             prev = self._nonzero.get(name)
             self._nonzero[name] = flag if prev is None else prev | flag
 
-        return hook
+        return self.guard_hook(trainer, "gradient hook", hook)
 
     def _report_detached(self, trainer: pl.Trainer, loss: Tensor) -> None:
         if self.has_finding("wiring.loss_detached"):

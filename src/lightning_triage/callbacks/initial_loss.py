@@ -120,7 +120,8 @@ class InitialLossCheck(TriageCallback):
         if self.ran or trainer.global_step != 0 or batch_idx != 0:
             return
         targets = split_batch(batch, self.input_key, self.target_key).targets
-        self._capture.start(pl_module, targets, hooks=self.task == "auto")
+        self._capture.start(pl_module, targets, hooks=self.task == "auto",
+                            wrap=lambda hook: self.guard_hook(trainer, "forward hook", hook))
 
     @override
     @guarded

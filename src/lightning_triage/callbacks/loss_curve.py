@@ -175,7 +175,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                              batch: Any, batch_idx: int) -> None:
         if self.chance is not None or self.train or batch_idx != 0 or trainer.global_step != 0:
             return
-        self._capture.start(pl_module, split_batch(batch).targets, hooks=self.task == "auto")
+        self._capture.start(pl_module, split_batch(batch).targets, hooks=self.task == "auto",
+                            wrap=lambda hook: self.guard_hook(trainer, "forward hook", hook))
 
     def _resolve_chance(self) -> None:
         output, targets = self._capture.finish()

@@ -29,6 +29,7 @@ from lightning_triage.functional.nonfinite import (
     nonfinite_examples,
     tensor_stats,
 )
+from lightning_triage.functional.tensors import abs_peak
 from lightning_triage.probing import isolated, step_loss
 
 OnNonFinite = Literal["stop", "skip", "warn"]
@@ -289,7 +290,7 @@ class NonFiniteTracer(TriageCallback):
         n = self.near_overflow_every_n_steps
         if (self._reduced is not None and n is not None and self._batch_step % n == 0
                 and self._peaks is None and batch_idx % trainer.accumulate_grad_batches == 0):
-            self._sample_outputs(pl_module)
+            self._sample_outputs(trainer, pl_module)
 
     @override
     @guarded
@@ -690,7 +691,7 @@ class NonFiniteTracer(TriageCallback):
         self.detail = self._describe()
 
     # ------------------------------------------------------------------ near overflow
-    def _sample_outputs(self, pl_module: pl.LightningModule) -> None:
+    def _sample_outputs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         peaks: list[tuple[str, Tensor]] = []
         self._peaks = peaks
 
@@ -698,9 +699,11 @@ class NonFiniteTracer(TriageCallback):
             def hook(mod: nn.Module, args: Any, output: Any) -> None:
                 for t in float_tensors(output):
                     if t.dtype in (torch.float16, torch.bfloat16):
-                        peaks.append((name, t.detach().abs().amax().float()))
+                        peak = abs_peak(t)  # None for an empty output (an idle expert)
+                        if peak is not None:
+                            peaks.append((name, peak))
 
-            return hook
+            return self.guard_hook(trainer, "forward hook", hook)
 
         for name, sub in pl_module.named_modules():
             self.add_handle(sub.register_forward_hook(make_hook(name)))

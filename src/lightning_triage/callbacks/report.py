@@ -71,8 +71,11 @@ class TriageReport(Callback):
         verbose: print the summary to the console (rank zero).
         strict: raise errors met while building or writing the report instead of warning.
 
+    When ``report_dir`` cannot be written, setup warns once and the run goes on without files
+    (the summary is still printed and :attr:`report` still built).
+
     Raises:
-        ValueError: at setup, if ``report_dir`` cannot be written.
+        ValueError: at setup, with ``strict=True``, if ``report_dir`` cannot be written.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -88,6 +91,7 @@ class TriageReport(Callback):
         self.report: dict[str, Any] | None = None
         self.paths: list[Path] = []
         self._resolved_dir: Path | None = None
+        self._no_files = False
         self._done = False
 
     @override
@@ -96,15 +100,19 @@ class TriageReport(Callback):
             return
         self._done = False
         self._resolved_dir = None
+        self._no_files = False
         self.report = None
         # `log_dir` broadcasts: every rank calls it here, never on the crash path
         directory = Path(self.report_dir or trainer.log_dir or trainer.default_root_dir)
         error = _check_writable(directory) if trainer.is_global_zero else None
         if not trainer.strategy.reduce_boolean_decision(error is None, all=True):
-            raise ValueError(
-                f"`report_dir` {str(directory)!r} is not writable ({error or 'on rank 0'}): pass "
-                "a directory lightning-triage can create files in."
-            )
+            message = (f"`report_dir` {str(directory)!r} is not writable ({error or 'on rank 0'})"
+                       ": pass a directory lightning-triage can create files in.")
+            if self.strict:
+                raise ValueError(message)
+            rank_zero_warn(f"[lightning-triage] {message} The run goes on; the report is not "
+                           "written to files.", category=RuntimeWarning)
+            self._no_files = True
         self._resolved_dir = directory
 
     def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: ReportStatus,
@@ -138,9 +146,9 @@ class TriageReport(Callback):
             series.update(check.series())
         self.report = build_report(findings, status=status, run=run_info(trainer, pl_module),
                                    checks=[c.check_status() for c in checks], series=series)
-        self.paths = write_report(self.report, directory)
+        self.paths = [] if self._no_files else write_report(self.report, directory)
         if self.verbose:
-            print_report(self.report, path=self.paths[0])
+            print_report(self.report, path=self.paths[0] if self.paths else None)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

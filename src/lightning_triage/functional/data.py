@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,51 +46,114 @@ class TensorSummary:
     mean: float | None
     std: float | None
     rms: float | None
+    #: examples (rows) the statistics were computed on when the tensor was too large to read
+    #: whole (see :data:`MAX_SUMMARY_ELEMENTS`); ``None``: every value was read
+    rows: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def summarize_tensor(t: Tensor, name: str = "tensor") -> TensorSummary:
+#: Elements processed at once by the batch statistics: the temporaries of a summary stay
+#: within a few times this many values (a few MiB) whatever the batch size.
+CHUNK_ELEMENTS = 1 << 20
+#: Above this many elements a tensor is summarized on evenly spaced examples (rows) that hold
+#: at most this many values: the time per inspected batch is bounded (16 MiB of float32).
+MAX_SUMMARY_ELEMENTS = 1 << 22
+
+
+def _chunks(t: Tensor, size: int = CHUNK_ELEMENTS, rows: Tensor | None = None
+            ) -> Iterator[Tensor]:
+    """Flat pieces of ``t`` (of its ``rows`` along dim 0, if given) of about ``size`` elements:
+    views where ``t`` is contiguous, else copies of one piece at a time."""
+    if rows is None and (t.is_contiguous() or t.ndim <= 1):
+        flat = t.reshape(-1)
+        for i in range(0, flat.numel(), size):
+            yield flat[i:i + size]
+        return
+    step = max(1, size // max(1, t[0].numel()))
+    if rows is None:
+        for i in range(0, t.shape[0], step):
+            yield t[i:i + step].reshape(-1)
+    else:
+        for i in range(0, rows.numel(), step):
+            yield t.index_select(0, rows[i:i + step]).reshape(-1)
+
+
+def _row_sample(t: Tensor, max_elements: int | None) -> Tensor | None:
+    """``None`` (read every row), or the indices of evenly spaced rows of ``t`` holding at most
+    ``max_elements`` values when it is larger."""
+    if max_elements is None or t.numel() <= max_elements or t.ndim == 0 or t.shape[0] < 2:
+        return None
+    keep = max(1, min(t.shape[0], max_elements // max(1, t[0].numel())))
+    if keep >= t.shape[0]:
+        return None
+    return torch.linspace(0, t.shape[0] - 1, keep, device=t.device).round().long()
+
+
+def summarize_tensor(t: Tensor, name: str = "tensor",
+                     max_elements: int | None = MAX_SUMMARY_ELEMENTS) -> TensorSummary:
     """Shape, dtype, NaN/Inf counts and min/max/mean/std/rms of the finite values of ``t``.
 
-    One host synchronization.
+    One host synchronization. Computed in chunks of :data:`CHUNK_ELEMENTS` values, so the
+    extra memory is a few MiB whatever the size of ``t``; a tensor larger than ``max_elements``
+    is summarized on evenly spaced rows (examples, dim 0) holding at most that many values
+    (``rows`` says how many; ``None``: all), which bounds the time.
 
     Example:
         >>> s = summarize_tensor(torch.tensor([[0.0, 2.0], [float("nan"), 4.0]]), "x")
         >>> s.nan, s.min, s.max, s.mean
         (1, 0.0, 4.0, 2.0)
+        >>> summarize_tensor(torch.ones(100, 10), max_elements=250).rows
+        25
     """
     shape, dtype, numel = list(t.shape), str(t.dtype).replace("torch.", ""), t.numel()
     if numel == 0 or t.is_complex():
         return TensorSummary(name, shape, dtype, numel, 0, 0, None, None, None, None, None)
     x = t.detach()
-    if not x.is_floating_point():
-        x = x.to(torch.float64 if x.dtype == torch.int64 else torch.float32)
-    elif x.dtype in (torch.float16, torch.bfloat16):
-        x = x.float()
-    if t.is_floating_point():
-        nan_mask, inf_mask = torch.isnan(x), torch.isinf(x)
-        finite = ~(nan_mask | inf_mask)
-        n_finite = finite.sum()
-        vals = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
-        lo = torch.where(finite, x, torch.full((), math.inf, dtype=x.dtype, device=x.device)).min()
-        hi = torch.where(finite, x, torch.full((), -math.inf, dtype=x.dtype, device=x.device)).max()
-        nan, inf = nan_mask.sum(), inf_mask.sum()
-    else:
-        n_finite = torch.tensor(numel, device=x.device)
-        vals, lo, hi = x, x.min(), x.max()
-        nan = inf = torch.zeros((), device=x.device)
+    sample = _row_sample(x, max_elements)
+    rows = None if sample is None else sample.numel()
+    floating = t.is_floating_point()
+    work = torch.float64 if x.dtype == torch.int64 else torch.float32
+    if floating and x.dtype not in (torch.float16, torch.bfloat16):
+        work = x.dtype
+    zero64 = torch.zeros((), dtype=torch.float64, device=x.device)
+    nan = inf = n_finite = torch.zeros((), dtype=torch.int64, device=x.device)
+    total, total_sq = zero64, zero64
+    lo = torch.full((), math.inf, dtype=torch.float64, device=x.device)
+    hi = torch.full((), -math.inf, dtype=torch.float64, device=x.device)
+    for chunk in _chunks(x, rows=sample):
+        c = chunk.to(work)
+        if floating:
+            nan_mask, inf_mask = torch.isnan(c), torch.isinf(c)
+            finite = ~(nan_mask | inf_mask)
+            nan, inf = nan + nan_mask.sum(), inf + inf_mask.sum()
+            del nan_mask, inf_mask
+            n_finite = n_finite + finite.sum()
+            vals = torch.where(finite, c, torch.zeros((), dtype=c.dtype, device=c.device))
+            lo = torch.minimum(lo, torch.where(finite, c, torch.full(
+                (), math.inf, dtype=c.dtype, device=c.device)).min().double())
+            hi = torch.maximum(hi, torch.where(finite, c, torch.full(
+                (), -math.inf, dtype=c.dtype, device=c.device)).max().double())
+        else:
+            n_finite = n_finite + c.numel()
+            vals = c
+            lo, hi = torch.minimum(lo, c.min().double()), torch.maximum(hi, c.max().double())
+        total = total + vals.sum(dtype=torch.float64)
+        total_sq = total_sq + vals.square().sum(dtype=torch.float64)
     count = n_finite.clamp(min=1).double()
-    mean = vals.sum(dtype=torch.float64) / count
-    sq = vals.square().sum(dtype=torch.float64) / count
+    mean = total / count
+    sq = total_sq / count
     var = (sq - mean * mean).clamp(min=0) * count / (count - 1).clamp(min=1)
-    packed = torch.stack([nan.double(), inf.double(), n_finite.double(), lo.double(), hi.double(),
+    packed = torch.stack([nan.double(), inf.double(), n_finite.double(), lo, hi,
                           mean, var.sqrt(), sq.sqrt()]).tolist()
     n_nan, n_inf, n_fin = int(packed[0]), int(packed[1]), int(packed[2])
     if n_fin == 0:
-        return TensorSummary(name, shape, dtype, numel, n_nan, n_inf, None, None, None, None, None)
-    return TensorSummary(name, shape, dtype, numel, n_nan, n_inf, *[float(v) for v in packed[3:]])
+        return TensorSummary(name, shape, dtype, numel, n_nan, n_inf, None, None, None, None, None,
+                             rows)
+    lo_v, hi_v, mean_v, std_v, rms_v = (float(v) for v in packed[3:])
+    return TensorSummary(name, shape, dtype, numel, n_nan, n_inf, lo_v, hi_v, mean_v, std_v,
+                         rms_v, rows)
 
 
 def first_nonfinite_example(t: Tensor) -> int | None:
@@ -144,7 +208,9 @@ def constant_across_batch(t: Tensor) -> bool:
     if t.ndim == 0 or t.shape[0] < 2 or t.numel() == 0:
         return False
     x = t.detach()
-    return bool((x == x[:1]).all())
+    first = x[:1]
+    rows = max(1, CHUNK_ELEMENTS // max(1, first.numel()))  # bounded temporaries
+    return all(bool((x[i:i + rows] == first).all()) for i in range(1, x.shape[0], rows))
 
 
 def _downsample_index(width: int, keep: int, device: torch.device) -> Tensor | None:

@@ -52,8 +52,31 @@ def update_norms(new: Sequence[Tensor], old: Sequence[Tensor]) -> tuple[Tensor, 
 
 
 def alive_units(grad: Tensor) -> Tensor:
-    """Per output unit (first dimension) of a weight gradient: any non-zero entry (bool)."""
-    return grad.detach().reshape(grad.shape[0], -1).abs().amax(dim=1) > 0
+    """Per output unit (first dimension) of a weight gradient: any non-zero entry (bool).
+
+    A sparse COO gradient (``nn.Embedding(sparse=True)``) is read through its coalesced rows,
+    other non-dense layouts through their dense form.
+
+    Example:
+        >>> alive_units(torch.tensor([[0.0, 1.0], [0.0, 0.0]])).tolist()
+        [True, False]
+        >>> alive_units(torch.sparse_coo_tensor([[2]], [[1.0, 0.0]], (3, 2))).tolist()
+        [False, False, True]
+    """
+    grad = grad.detach()
+    if grad.layout == torch.sparse_coo:
+        grad = grad.coalesce()
+        alive = torch.zeros(grad.shape[0], dtype=torch.bool, device=grad.device)
+        values = grad._values()
+        rows = grad._indices()[0]
+        if values.numel():
+            alive[rows[values.reshape(values.shape[0], -1).abs().amax(dim=1) > 0]] = True
+        return alive
+    if grad.layout != torch.strided or grad.is_nested:
+        grad = grad.to_dense()
+    if grad.numel() == 0:
+        return torch.zeros(grad.shape[0], dtype=torch.bool, device=grad.device)
+    return grad.reshape(grad.shape[0], -1).abs().amax(dim=1) > 0
 
 
 # --------------------------------------------------------------------------- host side

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss
+
+from lightning_triage.functional.tensors import is_plain
 
 
 class LastOutput:
@@ -46,14 +48,22 @@ def first_float_tensor(output: Any) -> Tensor | None:
     return None
 
 
+HookWrapper = Callable[[Callable[..., None]], Callable[..., None]]
+
+
+def _unwrapped(hook: Callable[..., None]) -> Callable[..., None]:
+    return hook
+
+
 @contextmanager
-def capture_last_output(module: nn.Module) -> Iterator[LastOutput]:
+def capture_last_output(module: nn.Module, wrap: HookWrapper = _unwrapped) -> Iterator[LastOutput]:
     """Record the output of the last module that finished its forward inside the block.
 
     The outermost module called by the user's code finishes last, so this is the model's head
     output whether ``training_step`` calls ``self(x)``, ``self.net(x)`` or a bare layer. Loss
     modules (``nn.CrossEntropyLoss`` ...) and 0-d outputs (losses) are ignored. Hooks are
-    removed when the block exits.
+    removed when the block exits. ``wrap`` wraps each hook (a callback passes its guard, so
+    that an error in the hook, which runs inside the user's forward, disables the check).
 
     Example:
         >>> import torch
@@ -71,11 +81,11 @@ def capture_last_output(module: nn.Module) -> Iterator[LastOutput]:
             tensor = first_float_tensor(output)
             # a 0-d output is a loss, e.g. Lightning's DDP wrapper redirects the LightningModule's
             # forward to `training_step`: keep the head's output seen before it
-            if tensor is not None and tensor.ndim > 0:
+            if tensor is not None and tensor.ndim > 0 and is_plain(tensor):
                 captured.module_name = name
                 captured.output = tensor.detach()
 
-        return hook
+        return wrap(hook)
 
     try:
         for name, sub in module.named_modules():
@@ -111,13 +121,14 @@ class HeadCapture:
         self._targets: Tensor | None = None
         self.active = False
 
-    def start(self, module: nn.Module, targets: Tensor | None, hooks: bool = True) -> None:
+    def start(self, module: nn.Module, targets: Tensor | None, hooks: bool = True,
+              wrap: HookWrapper = _unwrapped) -> None:
         self.close()
         self.active = True
         self._targets = targets
         if hooks:
             self._stack = ExitStack()
-            self._captured = self._stack.enter_context(capture_last_output(module))
+            self._captured = self._stack.enter_context(capture_last_output(module, wrap))
 
     def finish(self) -> tuple[Tensor | None, Tensor | None]:
         """``(head output, targets)`` of the batch; removes the hooks."""

@@ -23,6 +23,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from lightning_triage.functional.tensors import is_plain, plain_values
+
 NonFiniteKind = Literal["forward", "backward", "loss", "finite"]
 
 #: How many finite module outputs before the first non-finite one are kept as evidence.
@@ -37,13 +39,23 @@ def abs_peaks(tensors: Iterable[Tensor]) -> list[Tensor]:
     """The largest ``|x|`` of each tensor, as 0-dim device tensors (no host sync).
 
     One multi-tensor ``inf``-norm (``torch._foreach_norm``, what ``clip_grad_norm_`` uses; a
-    loop of ``torch.linalg.vector_norm`` where it is missing). Empty tensors are left out.
+    loop of ``torch.linalg.vector_norm`` where it is missing). Empty tensors and tensors without
+    data (meta) are left out; sparse, nested and quantized tensors are read through their
+    stored values (:func:`~lightning_triage.functional.tensors.plain_values`).
 
     Example:
         >>> [float(p) for p in abs_peaks([torch.tensor([1.0, -3.0]), torch.tensor([2.0])])]
         [3.0, 2.0]
     """
-    items = [t for t in tensors if t.numel()]
+    items = []
+    for t in tensors:
+        if not is_plain(t):
+            values = plain_values(t)
+            if values is None:
+                continue
+            t = values
+        if t.numel():
+            items.append(t if t.is_floating_point() or t.is_complex() else t.float())
     if not items:
         return []
     with torch.no_grad():
@@ -92,7 +104,7 @@ def gradients_nonfinite(grads: Sequence[Tensor],
     by_device: dict[torch.device, list[Tensor]] = {}
     tracked = False
     for g in grads:
-        if g.is_floating_point() and g.numel():
+        if (g.is_floating_point() or g.is_complex()) and g.numel():
             by_device.setdefault(g.device, []).append(g)
             tracked = tracked or g.requires_grad  # only with `create_graph=True`
     if not by_device:
@@ -100,7 +112,8 @@ def gradients_nonfinite(grads: Sequence[Tensor],
     flags: list[Tensor] = []
     with torch.no_grad() if tracked else nullcontext():  # called every step: skip the switch
         for device, group in by_device.items():
-            if _FUSED_CHECK is not None and not any(g.is_sparse for g in group):
+            if _FUSED_CHECK is not None and all(is_plain(g) and g.is_floating_point()
+                                                for g in group):
                 cached = None if buffers is None else buffers.get(device)
                 if cached is None:
                     cached = (torch.zeros(1, device=device), torch.ones(1, device=device))
@@ -155,8 +168,13 @@ def tensor_stats(t: Tensor) -> TensorStats:
         >>> tensor_stats(torch.tensor([1.0, -5.0, float("inf"), float("nan")]))
         TensorStats(max_abs=5.0, nan=1, inf=1, numel=4, dtype='float32')
     """
-    t = t.detach()
     dtype = str(t.dtype).replace("torch.", "")
+    values = plain_values(t)  # sparse, nested, quantized: their stored values
+    if values is None:  # no data (meta)
+        return TensorStats(0.0, 0, 0, 0, dtype)
+    t = values
+    if t.dtype == torch.bool:
+        t = t.to(torch.uint8)
     if not t.is_floating_point() and not t.is_complex():
         peak = float(t.abs().max()) if t.numel() else 0.0
         return TensorStats(peak, 0, 0, t.numel(), dtype)
@@ -334,7 +352,7 @@ class _Tracer:
             self.dtype_by_layer.setdefault(name, merged.dtype)
             if self.first is not None:
                 return
-            inputs_finite = all(bool(torch.isfinite(t).all()) for t in ins)
+            inputs_finite = all(ok is None or bool(ok) for ok in map(all_finite, ([t] for t in ins)))
             frame = Frame(name, merged, inputs_finite)
             self.frames.append(frame)
             if not merged.finite:

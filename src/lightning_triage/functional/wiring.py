@@ -8,6 +8,8 @@ per tensor: when every parameter of a module is affected the module is named onc
 Example:
     >>> import torch
     >>> from torch import nn
+
+from lightning_triage.functional.tensors import any_nonzero
     >>> net = nn.ModuleDict({"encoder": nn.Linear(4, 8), "head": nn.Linear(8, 2)})
     >>> x = torch.randn(3, 4)
     >>> net["head"](net["encoder"](x).detach()).sum().backward()
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from lightning_triage.functional.tensors import any_nonzero
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,8 @@ def inspect_gradients(module: nn.Module,
         trainable[name] = p.numel()
         if p.grad is not None:
             received.add(name)
-            if bool(p.grad.ne(0).any()):
+            flag = any_nonzero(p.grad) if p.grad.numel() else None  # any layout
+            if flag is None or bool(flag):  # empty or data-less: never "exactly zero"
                 nonzero.add(name)
     held = None
     if optimizers is not None:
