@@ -2,12 +2,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+
+import pytest
+from lightning.pytorch.callbacks import Callback
 
 import lightning_triage
 import lightning_triage.functional as functional
@@ -93,3 +97,28 @@ def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert (tmp_path / "api" / "functional" / "index.html").exists()
+
+
+def test_configuration_reference_matches_the_signatures() -> None:
+    make = _load("make_config_reference")
+    text = (DOCS / "configuration.md").read_text()
+    assert make.tables() in text, "run `python docs/make_config_reference.py`"
+    public_callbacks = {n for n in lightning_triage.__all__
+                        if inspect.isclass(getattr(lightning_triage, n))
+                        and issubclass(getattr(lightning_triage, n), Callback)
+                        and n != "TriageCallback"}
+    assert public_callbacks == set(make.CLASSES), "add the callback to CLASSES in make_config_reference.py"
+
+
+@pytest.mark.parametrize("name", [
+    "Triage", "TriageReport", "BatchInspector", "InitialLossCheck", "GradientWiringCheck",
+    "OverfitBatchCheck", "StructureProbe", "EvalModeCheck", "LossCurveMonitor", "GradientMonitor",
+    "NonFiniteTracer"])
+def test_every_argument_is_typed_and_documented(name: str) -> None:
+    cls = getattr(lightning_triage, name)
+    rows = _load("make_config_reference").rows(cls)
+    assert rows
+    undocumented = [arg for arg, _, _, doc in rows if not doc]
+    assert not undocumented, f"{name}: no `Args:` entry for {undocumented}"
+    untyped = [arg for arg, kind, _, _ in rows if kind == "Any"]
+    assert not untyped, f"{name}: untyped arguments {untyped}"
