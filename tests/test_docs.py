@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml  # PyYAML: a dependency of Lightning
 from lightning.pytorch.callbacks import Callback
 
 import lightning_triage
@@ -122,3 +123,23 @@ def test_every_argument_is_typed_and_documented(name: str) -> None:
     assert not undocumented, f"{name}: no `Args:` entry for {undocumented}"
     untyped = [arg for arg, kind, _, _ in rows if kind == "Any"]
     assert not untyped, f"{name}: untyped arguments {untyped}"
+
+
+def _yaml_callbacks(path: Path) -> list[dict]:
+    blocks = re.findall(r"```yaml\n(.*?)```", path.read_text(), flags=re.DOTALL)
+    callbacks = []
+    for block in blocks:
+        config = yaml.safe_load(block)
+        callbacks += config.get("trainer", {}).get("callbacks", [])
+    return callbacks
+
+
+@pytest.mark.parametrize("page", ["templates.md", "configuration.md", "../README.md"])
+def test_yaml_examples_build_the_callbacks(page: str) -> None:
+    callbacks = _yaml_callbacks(DOCS / page)
+    assert callbacks, f"no LightningCLI callbacks in the YAML blocks of {page}"
+    for spec in callbacks:
+        module_name, _, name = spec["class_path"].rpartition(".")
+        cls = getattr(importlib.import_module(module_name), name)
+        callback = cls(**spec.get("init_args", {}))  # validates every argument
+        assert isinstance(callback, Callback)
