@@ -143,3 +143,16 @@ def test_yaml_examples_build_the_callbacks(page: str) -> None:
         cls = getattr(importlib.import_module(module_name), name)
         callback = cls(**spec.get("init_args", {}))  # validates every argument
         assert isinstance(callback, Callback)
+@pytest.mark.parametrize("name", [n for n in lightning_triage.__all__ if n != "__version__"]
+                         + [f"functional.{n}" for n in functional.__all__])
+def test_public_name_has_a_docstring_with_an_example(name: str) -> None:
+    obj = lightning_triage
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+        return  # constants (CODES, STAGES) are documented on their pages
+    doc = inspect.getdoc(obj) or ""
+    assert "Example:" in doc or "Examples:" in doc, f"{name}: no Google-style `Example:` section"
+    assert ">>>" in doc, f"{name}: the example is not a doctest"
+
+
