@@ -156,3 +156,14 @@ def test_public_name_has_a_docstring_with_an_example(name: str) -> None:
     assert ">>>" in doc, f"{name}: the example is not a doctest"
 
 
+
+
+def test_gallery_shows_real_messages_of_registered_codes() -> None:
+    text = (DOCS / "gallery.md").read_text()
+    entries = re.findall(r"^## `([\w.]+)`\n\n\*(\w+)\* — run: (.+?)\n\n> (.+?)\n\n\*\*Next:\*\* ", text,
+                         flags=re.MULTILINE | re.DOTALL)
+    headings = re.findall(r"^## `([\w.]+)`", text, flags=re.MULTILINE)
+    assert len(entries) == len(headings) >= 30, "regenerate: python docs/make_gallery.py"
+    for code, severity, _, message in entries:
+        assert code in CODES, f"gallery shows an unregistered code {code!r}"
+        assert severity in ("error", "warning", "info") and message.strip()
