@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 LIGHTNING_VERSION := 2.6.6
 
-.PHONY: demo test lint typecheck unit venv clean
+.PHONY: demo test lint typecheck unit docs venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,11 @@ lint: $(VENV)/.dev-installed
 unit: $(VENV)/.dev-installed
 	$(PY) -m pytest -q
 
-test: lint unit
+# the documentation site, strictly (any warning fails): output in site/
+docs: $(VENV)/.dev-installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
+test: lint docs unit
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site

@@ -1,13 +1,169 @@
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 
+import pytest
+import yaml  # PyYAML: a dependency of Lightning
+from lightning.pytorch.callbacks import Callback
+
+import lightning_triage
+import lightning_triage.functional as functional
 from lightning_triage.findings import CODES
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+# where each stage's codes are explained (thresholds, what to do)
+STAGE_PAGES = {
+    "data": ["data.md"], "init": ["init.md"], "wiring": ["wiring.md"], "overfit": ["overfit.md"],
+    "structure": ["structure.md"], "mode": ["mode.md"], "curve": ["curves.md", "long_run.md"],
+    "grad": ["curves.md", "long_run.md"], "numerics": ["numerics.md"], "triage": ["findings.md"],
+}
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_every_finding_code_is_documented() -> None:
     text = (DOCS / "findings.md").read_text()
     missing = [code for code in CODES if f"`{code}`" not in text]
     assert not missing, f"run `python docs/make_findings_table.py`; missing: {missing}"
+
+
+def test_findings_table_is_up_to_date() -> None:
+    text = (DOCS / "findings.md").read_text()
+    assert _load("make_findings_table").table() in text, "run `python docs/make_findings_table.py`"
+
+
+def test_every_finding_code_is_explained_on_its_stage_page() -> None:
+    missing = []
+    for code in CODES:
+        stage = code.split(".")[0]
+        assert stage in STAGE_PAGES, f"new stage {stage!r}: add its page to STAGE_PAGES and mkdocs.yml"
+        text = "".join((DOCS / page).read_text() for page in STAGE_PAGES[stage])
+        if f"`{code}`" not in text:
+            missing.append((code, STAGE_PAGES[stage]))
+    assert not missing, f"codes without an entry on their stage page: {missing}"
+
+
+def _api_entries() -> set[str]:
+    text = "".join(p.read_text() for p in sorted((DOCS / "api").glob("*.md")))
+    return set(re.findall(r"^::: ([\w.]+)$", text, flags=re.MULTILINE))
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    entries = _api_entries()
+    public = [f"lightning_triage.{n}" for n in lightning_triage.__all__ if n != "__version__"]
+    public += [f"lightning_triage.functional.{n}" for n in functional.__all__]
+    missing = [name for name in public if name not in entries]
+    assert not missing, f"run `python docs/make_api_pages.py`; missing: {missing}"
+
+
+def test_api_pages_are_up_to_date() -> None:
+    for name, text in _load("make_api_pages").pages().items():
+        assert (DOCS / "api" / name).read_text() == text, "run `python docs/make_api_pages.py`"
+
+
+def test_every_api_entry_resolves() -> None:
+    for entry in _api_entries():
+        module_name, _, attr = entry.rpartition(".")
+        module = importlib.import_module(module_name)
+        assert hasattr(module, attr), entry
+
+
+def test_every_page_is_in_the_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = [p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")]
+    missing = [p for p in pages if f" {p}" not in nav]
+    assert not missing, f"add to the nav of mkdocs.yml: {missing}"
+
+
+def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert (tmp_path / "api" / "functional" / "index.html").exists()
+
+
+def test_configuration_reference_matches_the_signatures() -> None:
+    make = _load("make_config_reference")
+    text = (DOCS / "configuration.md").read_text()
+    assert make.tables() in text, "run `python docs/make_config_reference.py`"
+    public_callbacks = {n for n in lightning_triage.__all__
+                        if inspect.isclass(getattr(lightning_triage, n))
+                        and issubclass(getattr(lightning_triage, n), Callback)
+                        and n != "TriageCallback"}
+    assert public_callbacks == set(make.CLASSES), "add the callback to CLASSES in make_config_reference.py"
+
+
+@pytest.mark.parametrize("name", [
+    "Triage", "TriageReport", "BatchInspector", "InitialLossCheck", "GradientWiringCheck",
+    "OverfitBatchCheck", "StructureProbe", "EvalModeCheck", "LossCurveMonitor", "GradientMonitor",
+    "NonFiniteTracer"])
+def test_every_argument_is_typed_and_documented(name: str) -> None:
+    cls = getattr(lightning_triage, name)
+    rows = _load("make_config_reference").rows(cls)
+    assert rows
+    undocumented = [arg for arg, _, _, doc in rows if not doc]
+    assert not undocumented, f"{name}: no `Args:` entry for {undocumented}"
+    untyped = [arg for arg, kind, _, _ in rows if kind == "Any"]
+    assert not untyped, f"{name}: untyped arguments {untyped}"
+
+
+def _yaml_callbacks(path: Path) -> list[dict]:
+    blocks = re.findall(r"```yaml\n(.*?)```", path.read_text(), flags=re.DOTALL)
+    callbacks = []
+    for block in blocks:
+        config = yaml.safe_load(block)
+        callbacks += config.get("trainer", {}).get("callbacks", [])
+    return callbacks
+
+
+@pytest.mark.parametrize("page", ["templates.md", "configuration.md", "../README.md"])
+def test_yaml_examples_build_the_callbacks(page: str) -> None:
+    callbacks = _yaml_callbacks(DOCS / page)
+    assert callbacks, f"no LightningCLI callbacks in the YAML blocks of {page}"
+    for spec in callbacks:
+        module_name, _, name = spec["class_path"].rpartition(".")
+        cls = getattr(importlib.import_module(module_name), name)
+        callback = cls(**spec.get("init_args", {}))  # validates every argument
+        assert isinstance(callback, Callback)
+@pytest.mark.parametrize("name", [n for n in lightning_triage.__all__ if n != "__version__"]
+                         + [f"functional.{n}" for n in functional.__all__])
+def test_public_name_has_a_docstring_with_an_example(name: str) -> None:
+    obj = lightning_triage
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+        return  # constants (CODES, STAGES) are documented on their pages
+    doc = inspect.getdoc(obj) or ""
+    assert "Example:" in doc or "Examples:" in doc, f"{name}: no Google-style `Example:` section"
+    assert ">>>" in doc, f"{name}: the example is not a doctest"
+
+
+
+
+def test_gallery_shows_real_messages_of_registered_codes() -> None:
+    text = (DOCS / "gallery.md").read_text()
+    entries = re.findall(r"^## `([\w.]+)`\n\n\*(\w+)\* — run: (.+?)\n\n> (.+?)\n\n\*\*Next:\*\* ", text,
+                         flags=re.MULTILINE | re.DOTALL)
+    headings = re.findall(r"^## `([\w.]+)`", text, flags=re.MULTILINE)
+    assert len(entries) == len(headings) >= 30, "regenerate: python docs/make_gallery.py"
+    for code, severity, _, message in entries:
+        assert code in CODES, f"gallery shows an unregistered code {code!r}"
+        assert severity in ("error", "warning", "info") and message.strip()

@@ -268,6 +268,16 @@ class Finding:
 
     Build findings with :meth:`Finding.create`, which checks the code against the registry and
     fills in the default severity, title and hint.
+
+    Example:
+        >>> f = Finding.create("init.loss_above_chance", "step-0 loss 34.3 is 14.9x the chance level",
+        ...                    check="InitialLossCheck", global_step=0, evidence={"loss": 34.3})
+        >>> f.severity, f.stage, f.is_problem
+        ('error', 'init', True)
+        >>> f.title
+        'Step-0 loss is far above chance level'
+        >>> Finding.from_dict(f.to_dict()) == f
+        True
     """
 
     code: str

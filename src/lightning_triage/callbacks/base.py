@@ -55,6 +55,21 @@ class TriageCallback(Callback):
     Args:
         strict: raise internal errors of the check instead of reporting them as a
             ``triage.check_error`` finding and disabling the check.
+
+    Example:
+        A check of your own records findings with registered codes; `TriageReport` collects it
+        with the others:
+
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning_triage import TriageCallback, TriageReport
+        >>> class NeedsTargets(TriageCallback):
+        ...     def on_train_start(self, trainer, pl_module):
+        ...         if getattr(pl_module, "num_classes", None) is None:
+        ...             self.add_finding(trainer, "init.chance_unknown", "the model has no `num_classes`")
+        >>> trainer = Trainer(callbacks=[NeedsTargets(), TriageReport()])
+        >>> check = NeedsTargets()
+        >>> check.add_finding(None, "init.chance_unknown", "no targets in the batch").severity
+        'info'
     """
 
     def __init__(self, *, strict: bool = False) -> None:

@@ -31,7 +31,14 @@ _MAX_ITEMS = 64
 
 
 class BatchParts(NamedTuple):
-    """The input and target tensors found in a batch (``None`` where none was found)."""
+    """The input and target tensors found in a batch (``None`` where none was found).
+
+    Example:
+        >>> import torch
+        >>> inputs, targets = split_batch((torch.zeros(2, 3), torch.tensor([0, 1])))
+        >>> tuple(inputs.shape), targets.tolist()
+        ((2, 3), [0, 1])
+    """
 
     inputs: Tensor | None
     targets: Tensor | None
@@ -48,6 +55,15 @@ class BatchLayout:
         target_name: the targets' path.
         tensors: every tensor of the batch with its path (inputs and targets included).
         note: why the inputs could not be told, or ``None``.
+
+    Example:
+        >>> import torch
+        >>> layout = locate_batch({"image": torch.zeros(2, 3), "label": torch.tensor([0, 1]),
+        ...                        "mask": torch.ones(2, 3)})
+        >>> layout.input_name, layout.target_name
+        ("batch['image']", "batch['label']")
+        >>> [name for name, _ in layout.other_tensors()]
+        ["batch['mask']"]
     """
 
     inputs: Tensor | None

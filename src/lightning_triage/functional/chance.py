@@ -29,26 +29,46 @@ IGNORE_INDEX = -100
 
 
 def multiclass_chance(num_classes: int) -> float:
-    """Cross-entropy of uniform predictions over ``num_classes`` classes: ``ln C``."""
+    """Cross-entropy of uniform predictions over ``num_classes`` classes: ``ln C``.
+
+    Example:
+        >>> round(multiclass_chance(10), 3)
+        2.303
+    """
     if num_classes < 2:
         raise ValueError(f"`num_classes` must be >= 2, got {num_classes}.")
     return math.log(num_classes)
 
 
 def binary_chance() -> float:
-    """Binary cross-entropy of a predicted probability of 0.5: ``ln 2``."""
+    """Binary cross-entropy of a predicted probability of 0.5: ``ln 2``.
+
+    Example:
+        >>> round(binary_chance(), 3)
+        0.693
+    """
     return math.log(2.0)
 
 
 def regression_chance(targets: Tensor) -> float:
-    """MSE of predicting the mean of ``targets``: their (population) variance."""
+    """MSE of predicting the mean of ``targets``: their (population) variance.
+
+    Example:
+        >>> regression_chance(torch.tensor([1.0, 3.0]))
+        1.0
+    """
     t = targets.detach().double().flatten()
     t = t[torch.isfinite(t)]
     return float(t.var(unbiased=False)) if t.numel() > 1 else 0.0
 
 
 def sequence_chance(vocab_size: int) -> float:
-    """Token-level cross-entropy of uniform predictions over ``vocab_size`` tokens: ``ln V``."""
+    """Token-level cross-entropy of uniform predictions over ``vocab_size`` tokens: ``ln V``.
+
+    Example:
+        >>> round(sequence_chance(50257), 2)
+        10.82
+    """
     return multiclass_chance(vocab_size)
 
 
@@ -135,6 +155,13 @@ class ChanceLevel:
     For regression, ``value`` is the variance of the targets (MSE of the mean), ``prior`` the
     mean absolute deviation from the median (L1 of the best constant) and ``zero_baseline`` the
     mean square of the targets (MSE of predicting zero, what a fresh model does).
+
+    Example:
+        >>> level = chance_level("multiclass", num_classes=10)
+        >>> level.task, round(level.value, 3), level.num_classes
+        ('multiclass', 2.303, 10)
+        >>> level.describe()
+        'ln(10) = 2.303 for 10 classes'
     """
 
     task: str
@@ -160,6 +187,13 @@ def chance_level(task: str, *, num_classes: int | None = None, targets: Tensor |
     Raises:
         ValueError: for an unknown task, a classification task without ``num_classes >= 2``, or
             a regression task without targets.
+
+    Example:
+        >>> round(chance_level("binary").value, 3)
+        0.693
+        >>> level = chance_level("regression", targets=torch.tensor([0.0, 2.0, 4.0]))
+        >>> round(level.value, 3), round(level.zero_baseline, 3)
+        (2.667, 6.667)
     """
     if task in ("multiclass", "sequence"):
         if num_classes is None:

@@ -60,6 +60,17 @@ class CurveThresholds:
         overfit_rise: validation above its best by this fraction...
         overfit_confirm: ...for this many validation runs in a row, while the training loss
             keeps falling: overfitting.
+
+    Example:
+        Stricter spike detection than the default:
+
+        >>> strict = CurveThresholds(spike_ratio=1.5, spike_jump_frac=0.5)
+        >>> spiky = [1.0 + 0.01 * (i % 4) for i in range(100)]
+        >>> spiky[60] = 1.8  # 1.8x the running level, 0.8 above it
+        >>> [v.code for v in classify_curve(spiky, chance=1.0, final=False)]
+        []
+        >>> [v.code for v in classify_curve(spiky, chance=1.0, final=False, thresholds=strict)]
+        ['curve.loss_spike']
     """
 
     min_steps: int = 20
@@ -85,7 +96,14 @@ class CurveThresholds:
 
 @dataclass(frozen=True)
 class CurveVerdict:
-    """One verdict of :func:`classify_curve`: a ``curve.*`` code at a step, with the numbers."""
+    """One verdict of :func:`classify_curve`: a ``curve.*`` code at a step, with the numbers.
+
+    Example:
+        >>> falling = [2.3 * 0.97**i for i in range(60)]
+        >>> verdict = classify_curve(falling, chance=2.3)[0]
+        >>> verdict.code, verdict.step
+        ('curve.healthy', 59)
+    """
 
     code: str
     step: int

@@ -33,7 +33,15 @@ def is_class_target(t: Tensor) -> bool:
 
 @dataclass(frozen=True)
 class TensorSummary:
-    """Statistics of one tensor of a batch (``min``..``std`` over its finite values)."""
+    """Statistics of one tensor of a batch (``min``..``std`` over its finite values).
+
+    Example:
+        >>> s = summarize_tensor(torch.tensor([1.0, float("inf"), 3.0]), "batch[0]")
+        >>> s.name, s.shape, s.dtype, s.inf, s.max
+        ('batch[0]', [3], 'float32', 1, 3.0)
+        >>> sorted(s.to_dict())[:3]
+        ['dtype', 'inf', 'max']
+    """
 
     name: str
     shape: list[int]
@@ -531,6 +539,13 @@ class LabelSignal:
 
     ``knn``: leave-one-out 1-nearest-neighbour accuracy; ``centroid``: 2-fold nearest-centroid
     accuracy; each with the z-score against the same probe on permuted labels (``z_*``).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> y = torch.randint(0, 3, (300,), generator=g)
+        >>> signal = label_signal(torch.randn(300, 5, generator=g) + 2 * y[:, None].float(), y)
+        >>> signal.examples, signal.classes, signal.knn > signal.knn_null, signal.related()
+        (300, 3, True, True)
     """
 
     examples: int

@@ -34,6 +34,11 @@ def grad_norms(grads: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
 
     One ``torch._foreach_norm`` over all tensors, a stack, and the norm of the stacked norms:
     no host synchronization. Norms are float32.
+
+    Example:
+        >>> total, per = grad_norms([torch.full((4,), 1.5), torch.tensor([3.0, 4.0])])
+        >>> round(float(total), 3), [round(float(n), 3) for n in per]
+        (5.831, [3.0, 5.0])
     """
     if not grads:
         zero = torch.zeros(())
@@ -99,6 +104,16 @@ class GradThresholds:
         dead_fraction: a layer with at least this fraction of units that never got a gradient.
         min_steps: fewer steps than this: only spikes and non-finite norms are judged.
         max_spikes: at most this many ``grad.spike`` verdicts.
+
+    Example:
+        A milder spike counts when the thresholds are lowered:
+
+        >>> norms = [1.0 + 0.05 * (i % 5) for i in range(60)]
+        >>> norms[40] = 6.0
+        >>> [v.code for v in classify_gradients(norms)]
+        []
+        >>> [v.code for v in classify_gradients(norms, thresholds=GradThresholds(spike_ratio=4.0))]
+        ['grad.spike']
     """
 
     growth: float = 100.0
@@ -117,7 +132,15 @@ class GradThresholds:
 
 @dataclass(frozen=True)
 class GradVerdict:
-    """One verdict of :func:`classify_gradients`."""
+    """One verdict of :func:`classify_gradients`.
+
+    Example:
+        >>> norms = [1.0 + 0.05 * (i % 5) for i in range(60)]
+        >>> norms[40] = 80.0
+        >>> verdict = classify_gradients(norms)[0]
+        >>> verdict.code, verdict.step, verdict.layer
+        ('grad.spike', 40, None)
+    """
 
     code: str
     step: int

@@ -144,7 +144,13 @@ def all_finite(tensors: Iterable[Tensor]) -> Tensor | None:
 
 @dataclass(frozen=True)
 class TensorStats:
-    """Summary of one tensor: largest finite ``|x|``, NaN and Inf counts, size and dtype."""
+    """Summary of one tensor: largest finite ``|x|``, NaN and Inf counts, size and dtype.
+
+    Example:
+        >>> stats = tensor_stats(torch.tensor([2.0, float("nan")]))
+        >>> stats.finite, stats.max_abs, stats.nan
+        (False, 2.0, 1)
+    """
 
     max_abs: float
     nan: int
@@ -289,6 +295,14 @@ class Localization:
     forward order), ``"loss"`` (every module output was finite but the loss was not),
     ``"backward"`` (forward and loss finite, a gradient was not: ``layer`` made the node),
     or ``"finite"`` (nothing non-finite: the step did not reproduce).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+        >>> where = localize_nonfinite(net, lambda: torch.log(net(torch.ones(3, 2)) - 1e9).sum())
+        >>> where.kind, where.layer, where.finite
+        ('loss', None, False)
+        >>> localize_nonfinite(net, lambda: net(torch.ones(3, 2)).sum()).kind
+        'finite'
     """
 
     kind: NonFiniteKind

@@ -134,6 +134,11 @@ class OverfitVerdict:
             ``"still_falling"``.
         start: the first loss. best: the lowest loss. final: the last loss.
         steps: how many steps ran.
+
+    Example:
+        >>> v = judge_curve([2.3, 1.1, 0.4, 0.1], target=0.115, steps_allowed=300)
+        >>> v.verdict, v.reason, v.best, v.steps
+        ('passed', 'reached', 0.1, 4)
     """
 
     verdict: Verdict

@@ -53,6 +53,11 @@ class SpikeEvent:
         ratio: ``value / level`` (``inf`` for a zero level or a non-finite value).
         confirmed_step: the step at which the event was decided (``step + patience - 1`` for
             ``"sustained"``, ``step`` otherwise).
+
+    Example:
+        >>> event = detect_spikes([2.0, 2.1, 1.9, 2.0] * 10 + [30.0], warmup=8)[0]
+        >>> event.kind, event.step, event.value, round(event.ratio)
+        ('spike', 40, 30.0, 15)
     """
 
     kind: EventKind
@@ -105,6 +110,17 @@ class SpikeWatch:
 
     Raises:
         ValueError: for non-positive sizes or thresholds.
+
+    Example:
+        Fed step by step (or in chunks) while training; the watch keeps a bounded window:
+
+        >>> watch = SpikeWatch(warmup=8)
+        >>> watch.update([2.0, 2.1, 1.9, 2.0] * 10)
+        []
+        >>> [(e.kind, e.step) for e in watch.update([2.0, 30.0, 2.0])]
+        [('spike', 41)]
+        >>> [(e.kind, e.step) for e in watch.update([float("nan")])]
+        [('nonfinite', 43)]
     """
 
     def __init__(self, *, window: int = 128, warmup: int = 16, refresh: int = 32, z: float = 8.0,

@@ -105,6 +105,13 @@ class BatchDependence:
     ``ratio`` is the gradient norm reaching the other examples over the one reaching the
     example itself (``inf`` when only the others are reached); ``worst_example`` is the other
     example that receives the largest gradient.
+
+    Example:
+        >>> dep = batch_mixing(lambda x: x - x.mean(dim=0), torch.randn(8, 4))  # mixes the batch
+        >>> dep.mixing, dep.conclusive, dep.worst_example is not None
+        (True, True, True)
+        >>> batch_mixing(lambda x: 2 * x, torch.randn(8, 4)).ratio
+        0.0
     """
 
     example: int
@@ -193,7 +200,13 @@ def batch_mixing(forward: Callable[[Tensor], Tensor], inputs: Tensor, *, example
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CausalDependence:
-    """Which later input positions an output position depends on (sequence on dim 1)."""
+    """Which later input positions an output position depends on (sequence on dim 1).
+
+    Example:
+        >>> first = causal_leak(lambda h: h.flip(1).cumsum(1).flip(1), torch.randn(2, 6, 4))[0]
+        >>> first.position, first.future_positions, first.leak
+        (0, [1, 2, 3, 4, 5], True)
+    """
 
     position: int
     future_positions: list[int]
@@ -348,7 +361,13 @@ def redraw_targets(targets: Tensor, start: int | None = None, seed: int = 0) -> 
 
 @dataclass(frozen=True)
 class OutputChange:
-    """How much an output changed between two runs of the same forward."""
+    """How much an output changed between two runs of the same forward.
+
+    Example:
+        >>> change = output_change(torch.zeros(2, 4), torch.tensor([[0.0, 0, 0, 0], [0, 0, 0, 2]]))
+        >>> change.changed, change.max_abs_diff, change.fraction_changed
+        (True, 2.0, 0.125)
+    """
 
     changed: bool
     max_abs_diff: float

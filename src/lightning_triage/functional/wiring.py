@@ -41,6 +41,11 @@ class ModuleGroup:
         numel: how many values they hold.
         complete: every parameter of ``module`` (among those considered) is affected; when
             ``False`` only ``params`` are.
+
+    Example:
+        >>> sizes = {"encoder.weight": 2048, "encoder.bias": 64, "head.weight": 640, "head.bias": 10}
+        >>> [g.describe() for g in group_by_module(["encoder.weight", "encoder.bias", "head.bias"], sizes)]
+        ['`encoder` (all 2 tensors, 2,112 values)', '`bias` of `head` (1 tensor, 10 values)']
     """
 
     module: str
@@ -117,7 +122,13 @@ def group_by_module(affected: Iterable[str], universe: Mapping[str, int]) -> lis
 
 
 def describe_groups(groups: Sequence[ModuleGroup], limit: int = 6) -> str:
-    """Join group descriptions, at most ``limit`` of them, saying how many more there are."""
+    """Join group descriptions, at most ``limit`` of them, saying how many more there are.
+
+    Example:
+        >>> sizes = {"a.w": 5, "b.w": 5, "c.w": 5, "d.w": 5}
+        >>> describe_groups(group_by_module(["a.w", "b.w", "c.w"], sizes), limit=2)
+        '`a` (all 1 tensor, 5 values), `b` (all 1 tensor, 5 values) and 1 more module'
+    """
     shown = ", ".join(g.describe() for g in groups[:limit])
     more = len(groups) - limit
     return shown + (f" and {more} more module{'s' if more != 1 else ''}" if more > 0 else "")
@@ -135,6 +146,12 @@ class WiringResult:
         not_in_optimizer: groups of parameters that received a gradient but are in no
             optimizer param group (empty when the optimizers were not given).
         loss_detached: no trainable parameter received a gradient at all.
+
+    Example:
+        >>> result = analyze_wiring({"a.w": 4, "b.w": 2}, {"c.w": 3}, received={"a.w", "b.w"},
+        ...                         nonzero={"a.w"})
+        >>> result.healthy, [g.module for g in result.zero_grad], [g.module for g in result.frozen_groups]
+        (False, ['b'], ['c'])
     """
 
     trainable: dict[str, int]
@@ -205,6 +222,16 @@ def inspect_gradients(module: nn.Module,
         module: the model.
         optimizers: if given, also report parameters that get gradients but are in none of
             their param groups.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        >>> net(torch.randn(3, 4)).sum().backward()
+        >>> inspect_gradients(net).healthy
+        True
+        >>> net.zero_grad()
+        >>> net[1](torch.randn(3, 4)).sum().backward()  # net[0] is skipped
+        >>> [g.describe() for g in inspect_gradients(net, [torch.optim.SGD(net[1].parameters())]).no_grad]
+        ['`0` (all 2 tensors, 20 values)']
     """
     trainable: dict[str, int] = {}
     frozen: dict[str, int] = {}
