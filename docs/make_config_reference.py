@@ -18,8 +18,8 @@ import lightning_triage
 
 BEGIN, END = "<!-- config:begin -->", "<!-- config:end -->"
 CLASSES = ("Triage", "TriageReport", "BatchInspector", "InitialLossCheck", "GradientWiringCheck",
-           "OverfitBatchCheck", "StructureProbe", "EvalModeCheck", "LossCurveMonitor",
-           "GradientMonitor", "NonFiniteTracer")
+           "OverfitBatchCheck", "StructureProbe", "PaddingProbe", "EvalModeCheck",
+           "LossCurveMonitor", "GradientMonitor", "NonFiniteTracer", "WorstErrors")
 
 
 def type_name(hint: Any) -> str:
