@@ -17,7 +17,7 @@ import random
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -61,7 +61,7 @@ class UserCodeError(Exception):
         return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class ProbeUnavailable(Exception):
+class ProbeUnavailableError(Exception):
     """Neither a copy nor an in-place snapshot of the module fits in memory (the message says
     why): the probe is skipped."""
 
@@ -279,7 +279,7 @@ def shared_objects(trainer: pl.Trainer | None, module: nn.Module) -> list[Any]:
     keeps in an attribute."""
     found: list[Any] = []
     if trainer is not None:
-        found += [trainer, trainer.strategy, *trainer.loggers, *trainer.callbacks,
+        found += [trainer, trainer.strategy, *trainer.loggers, *getattr(trainer, "callbacks", []),
                   *trainer.optimizers]
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is not None:
@@ -348,13 +348,11 @@ class Probe:
     """What :func:`probe_module` hands to a probe."""
 
     #: the module to run the user's code on (a copy, or the live module under a snapshot)
-    module: nn.Module
+    module: Any
     #: the user's optimizers as ``module`` sees them (copies for a copy)
     optimizers: list[Optimizer]
     #: ``"copy"`` or ``"in place"`` (and why)
     how: str
-    #: parameters of ``module`` by name, and the live module's parameter for each copy
-    originals: dict[int, Tensor] = field(default_factory=dict)
 
     @property
     def copied(self) -> bool:
@@ -378,7 +376,7 @@ def probe_module(trainer: pl.Trainer | None, module: nn.Module,
         force_in_place: skip the copy (tests).
 
     Raises:
-        ProbeUnavailable: neither a copy nor a snapshot fits in memory.
+        ProbeUnavailableError: neither a copy nor a snapshot fits in memory.
     """
     size = module_bytes(module)
     device = _device_of(module)
@@ -399,20 +397,17 @@ def probe_module(trainer: pl.Trainer | None, module: nn.Module,
         finally:
             set_rng_state(saved)
     if twin is None and free is not None and size > COPY_MEMORY_FRACTION * free:
-        raise ProbeUnavailable(
+        raise ProbeUnavailableError(
             f"the module's {size / 2**20:.0f} MiB of parameters and buffers fit neither a copy "
             f"nor a snapshot in the {free / 2**20:.0f} MiB free on {device.type}")
     saved = rng_state()
     try:
         with quiet_loggers(trainer):
             if twin is not None:
-                originals = {id(q): p for p, q in zip(module.parameters(), twin[0].parameters(),
-                                                      strict=False)}
-                yield Probe(twin[0], twin[1], how, originals)
+                yield Probe(twin[0], twin[1], how)
             else:
                 with isolated(module, optimizers, trainer=trainer):
-                    yield Probe(module, list(optimizers), how,
-                                {id(p): p for p in module.parameters()})
+                    yield Probe(module, list(optimizers), how)
     finally:
         set_rng_state(saved)
 
@@ -486,9 +481,7 @@ def _restore(saved: _Saved) -> Any:
     obj, kind, data = saved.obj, saved.kind, saved.data
     if kind == "tensor":
         return _put_tensor(obj, data)
-    if kind == "generator":
-        obj.set_state(data)
-    elif kind == "np_state":
+    if kind in ("generator", "np_state"):
         obj.set_state(data)
     elif kind == "np_generator":
         obj.bit_generator.state = data
@@ -570,9 +563,9 @@ class _Snapshot:
         """Put everything back, attempting every step even when one fails."""
         errors: list[Exception] = []
 
-        def attempt(fn: Callable[[], None]) -> None:
+        def attempt(fn: Callable[..., Any], *args: Any) -> None:
             try:
-                fn()
+                fn(*args)
             except Exception as exc:  # keep going: the other steps still restore
                 errors.append(exc)
 
@@ -597,7 +590,7 @@ class _Snapshot:
             for k in [k for k in vars(sub) if k not in keep and "hooks" not in k]:
                 del sub.__dict__[k]  # created by the probe
             for k, s in saved:
-                attempt(lambda k=k, s=s: sub.__dict__.__setitem__(k, _restore(s)))
+                attempt(lambda k, s: sub.__dict__.__setitem__(k, _restore(s)), k, s)
 
         def put_optimizer(opt: Optimizer, groups: list[dict[str, Any]],
                           group_list: list[dict[str, Any]], contents: list[Any], state: Any,
@@ -616,24 +609,27 @@ class _Snapshot:
             for p, s in saved_state:
                 state[p] = _restore(s)
 
+        def put_children(sub: nn.Module, names: dict[str, nn.Module | None]) -> None:
+            sub._modules.clear()
+            sub._modules.update(names)
+
         for sub, name, p in self.params:
-            attempt(lambda sub=sub, name=name, p=p: put_param(sub, name, p))
+            attempt(put_param, sub, name, p)
         for sub, name, b, data in self.buffers:
-            attempt(lambda sub=sub, name=name, b=b, data=data: put_buffer(sub, name, b, data))
+            attempt(put_buffer, sub, name, b, data)
         for sub, names in self.children:
-            attempt(lambda sub=sub, names=names: (sub._modules.clear(),
-                                                  sub._modules.update(names)))
+            attempt(put_children, sub, names)
         known = {(id(sub), name) for sub, name, _, _ in self.buffers}
         for sub in self.module.modules():
             for name in [n for n in sub._buffers if (id(sub), n) not in known]:
-                attempt(lambda sub=sub, name=name: sub._buffers.pop(name))  # created by the probe
+                attempt(sub._buffers.pop, name)  # created by the probe
         for sub, saved in self.attrs:
-            attempt(lambda sub=sub, saved=saved: put_attrs(sub, saved))
+            attempt(put_attrs, sub, saved)
         for sub, mode in self.modes:
-            attempt(lambda sub=sub, mode=mode: setattr(sub, "training", mode))
+            attempt(setattr, sub, "training", mode)
         for entry in self.opts:
-            attempt(lambda entry=entry: put_optimizer(*entry))
-        attempt(lambda: set_rng_state(self.rng))
+            attempt(put_optimizer, *entry)
+        attempt(set_rng_state, self.rng)
         return errors
 
 

@@ -38,7 +38,7 @@ from lightning_triage.functional.overfit import (
 from lightning_triage.functional.wiring import ModuleGroup, describe_groups, group_by_module
 from lightning_triage.probing import (
     Probe,
-    ProbeUnavailable,
+    ProbeUnavailableError,
     UserCodeError,
     copy_optimizer,
     probe_module,
@@ -275,7 +275,7 @@ class OverfitBatchCheck(TriageCallback):
             with probe_module(trainer, pl_module, trainer.optimizers, factor=4.0) as probe:
                 run.isolation = probe.how
                 self._probe(trainer, probe, small, run)
-        except ProbeUnavailable as exc:
+        except ProbeUnavailableError as exc:
             self._skipped(trainer, str(exc))
             return
         run.seconds = time.perf_counter() - start
