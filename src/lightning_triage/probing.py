@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Dataset
 
@@ -194,7 +195,7 @@ def module_bytes(module: nn.Module) -> int:
     seen: set[int] = set()
     total = 0
     for t in (*module.parameters(), *module.buffers()):
-        if id(t) not in seen:
+        if id(t) not in seen and not is_lazy(t):
             seen.add(id(t))
             total += t.numel() * t.element_size()
     return total
@@ -396,6 +397,9 @@ def probe_module(trainer: pl.Trainer | None, module: nn.Module,
             how = f"in place: the module could not be copied ({type(exc).__name__}: {exc})"
         finally:
             set_rng_state(saved)
+    if twin is None and any(is_lazy(t) for t in (*module.parameters(), *module.buffers())):
+        raise ProbeUnavailableError(
+            f"the module has lazy parameters not yet initialized and could not be copied ({how})")
     if twin is None and free is not None and size > COPY_MEMORY_FRACTION * free:
         raise ProbeUnavailableError(
             f"the module's {size / 2**20:.0f} MiB of parameters and buffers fit neither a copy "

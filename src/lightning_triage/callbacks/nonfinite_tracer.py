@@ -712,7 +712,8 @@ class NonFiniteTracer(TriageCallback):
             return hook
 
         for name, sub in pl_module.named_modules():
-            self.add_handle(sub.register_forward_hook(make_hook(name)))
+            if not isinstance(sub, torch.jit.ScriptModule):  # takes no hooks
+                self.add_handle(sub.register_forward_hook(make_hook(name)))
 
     def _read_samples(self, trainer: pl.Trainer) -> None:
         peaks, self._peaks = self._peaks, None

@@ -320,11 +320,15 @@ class OverfitBatchCheck(TriageCallback):
         optimizer = self._optimizer(trainer, probe, run)
         held = {id(p) for g in optimizer.param_groups for p in g["params"]}
         params = list(pl_module.named_parameters())
-        trainable = {n: p.numel() for n, p in params if p.requires_grad}
-        frozen = {n: p.numel() for n, p in params if not p.requires_grad}
-        run.frozen = group_by_module(frozen, {**trainable, **frozen}) if frozen else []
-        outside = [n for n, p in params if p.requires_grad and id(p) not in held]
-        run.outside_optimizer = group_by_module(outside, trainable) if outside else []
+        trainable: dict[str, int] = {}
+
+        def describe_params() -> None:  # after the first forward: lazy modules have sizes then
+            trainable.update({n: p.numel() for n, p in params if p.requires_grad})
+            frozen = {n: p.numel() for n, p in params if not p.requires_grad}
+            run.frozen = group_by_module(frozen, {**trainable, **frozen}) if frozen else []
+            outside = [n for n, p in params if p.requires_grad and id(p) not in held]
+            run.outside_optimizer = group_by_module(outside, trainable) if outside else []
+
         pass_idx = is_param_in_hook_signature(pl_module.training_step, "batch_idx", min_args=2)
         args = (batch, 0) if pass_idx else (batch,)
         started = time.perf_counter()
@@ -344,6 +348,8 @@ class OverfitBatchCheck(TriageCallback):
                     output = pl_module.training_step(*args)
             except UserCodeError as err:
                 run.error, output = err.describe(), None
+            if step == 0 and not run.error:
+                describe_params()
             loss = step_loss(output)
             stop = ""
             if run.error:
