@@ -84,8 +84,8 @@ def _compare(tmp_path: Path, make: Any, data: Any, mode: str = "copy",
     _assert_same_weights(with_triage, without)
     assert "triage.check_error" not in _problems(triage), _problems(triage)
     if mode == "in_place":
-        isolation = [f.evidence.get("isolation", "") for f in _findings(triage)
-                     if f.code.startswith("overfit.")]
+        isolation = [f.evidence["isolation"] for f in _findings(triage)
+                     if f.code.startswith("overfit.") and "isolation" in f.evidence]
         assert all(i.startswith("in place") for i in isolation), isolation
     return with_triage, without, triage
 

@@ -226,16 +226,20 @@ def _replace_output(module: nn.Module, inputs: Tensor, holder: dict[str, Tensor]
 class StructureProbe(TriageCallback):
     """Probe the model's structure once, on a copy of the first training batch.
 
-    At the first training batch, in eval mode and inside :func:`~lightning_triage.probing.isolated`
-    (weights, buffers, optimizer state, RNG and train/eval flags restored; nothing logged), the
-    probe runs the user's ``training_step`` (or ``forward_fn``) three times on a copy of the batch
-    (at most ``max_examples`` examples) with temporary hooks that find the model's head output:
+    At the first training batch the probe runs the user's ``training_step`` (or ``forward_fn``)
+    three times on a copy of the batch (at most ``max_examples`` examples), each time on a fresh
+    deep copy of the module (:func:`~lightning_triage.probing.probe_module`: the module's state
+    stays with the copy; trainer and loggers shared, loggers quiet) in eval mode with every global
+    RNG reset to the same state, and with temporary hooks that find the model's head output:
 
     1. as is: a shape trace of every module, the framework's broadcast warnings and the
        elementwise operations between predictions and targets that broadcast
        (``structure.shape_mismatch``);
     2. with the targets redrawn from their own values, inputs unchanged: if the head output
-       changes, the targets reach the forward pass (``structure.target_leak``). For sequence
+       changes (and the unchanged batch run once more gives the first output again: a
+       determinism control), the targets reach the forward pass (``structure.target_leak``);
+       when the control differs too, the model is stochastic beyond reach and the leak probe is
+       skipped (``structure.probe_skipped``). For sequence
        targets only the first output position is compared (teacher forcing feeds it the start
        token, never a target it predicts);
     3. with what the model receives made an autograd leaf (the input of the first module called
@@ -265,8 +269,9 @@ class StructureProbe(TriageCallback):
         time_budget: seconds the probe may take; when the first run of the model already
             takes more than a third of it, the other two runs are skipped (info finding).
         ignore_index: target value ignored when recognizing next-token data.
-        strict: raise internal errors (and errors of the user's code in the probe) instead of
-            reporting them.
+        strict: raise internal errors instead of reporting them (an error of the user's code
+            in the probe is always reported as ``structure.probe_skipped``, naming it; the real
+            step then runs as usual).
 
     Raises:
         ValueError: for an invalid argument (named in the message).
