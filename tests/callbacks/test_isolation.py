@@ -22,8 +22,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_triage import Triage
-from lightning_triage import probing
+from lightning_triage import Triage, probing
 from lightning_triage.callbacks.base import collect_checks
 from lightning_triage.findings import Finding
 from tests.helpers import make_trainer
@@ -205,8 +204,8 @@ def markov_loader(seed: int = 0, vocab: int = 16, sequences: int = 160,
 
 
 def test_healthy_stateful_rnn_with_clipping_stays_silent(tmp_path: Path) -> None:
-    with_triage, without, triage = _compare(tmp_path, StatefulGRU, markov_loader, max_epochs=3,
-                                            limit_train_batches=8, gradient_clip_val=1.0)
+    _, _, triage = _compare(tmp_path, StatefulGRU, markov_loader, max_epochs=3,
+                            limit_train_batches=8, gradient_clip_val=1.0)
     assert _problems(triage) == {}
 
 
@@ -537,11 +536,15 @@ def test_snapshot_attempts_every_restore_step(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(probing, "_put_tensor", failing)
     state = torch.get_rng_state()
-    with pytest.raises(RuntimeError, match="cannot restore the bank"), probing.isolated(net):
-        net.eval()
-        torch.rand(3)
-        with torch.no_grad():
-            net[0].weight.add_(1.0)
+    def probe() -> None:
+        with probing.isolated(net):
+            net.eval()
+            torch.rand(3)
+            with torch.no_grad():
+                net[0].weight.add_(1.0)
+
+    with pytest.raises(RuntimeError, match="cannot restore the bank"):
+        probe()
     assert torch.equal(net[0].weight, before)
     assert net.training and net[1].training
     assert torch.equal(torch.get_rng_state(), state)
