@@ -243,6 +243,37 @@ def _strip_our_hooks(module: nn.Module) -> None:
                 d.pop(k, None)
 
 
+@contextmanager
+def without_our_hooks(module: nn.Module) -> Iterator[None]:
+    """Suspend the triage callbacks' module and parameter hooks on ``module`` inside the block
+    (a probe in place must not record probe data as the real run's); every hook dict is put
+    back as it was, in its order."""
+    saved: list[tuple[dict[Any, Any], dict[Any, Any]]] = []
+    try:
+        for sub in module.modules():
+            dicts = _hook_dicts(sub)
+            removed = {k for d in dicts for k, fn in d.items() if callable(fn) and _is_ours(fn)}
+            for p in sub._parameters.values():
+                for name in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+                    d = getattr(p, name, None)
+                    if isinstance(d, dict) and any(_is_ours(fn) for fn in d.values()):
+                        saved.append((d, dict(d)))
+                        for k in [k for k, fn in d.items() if _is_ours(fn)]:
+                            del d[k]
+            if not removed:
+                continue
+            for d in dicts:
+                if any(k in d for k in removed):
+                    saved.append((d, dict(d)))
+                    for k in removed:
+                        d.pop(k, None)
+        yield
+    finally:
+        for d, items in saved:
+            d.clear()
+            d.update(items)
+
+
 def _copy_param_hooks(original: nn.Module, twin: nn.Module) -> None:
     """Parameters lose their tensor hooks when deep-copied: re-register the user's ones."""
     for p, q in zip(original.parameters(), twin.parameters(), strict=False):
@@ -410,7 +441,7 @@ def probe_module(trainer: pl.Trainer | None, module: nn.Module,
             if twin is not None:
                 yield Probe(twin[0], twin[1], how)
             else:
-                with isolated(module, optimizers, trainer=trainer):
+                with isolated(module, optimizers, trainer=trainer), without_our_hooks(module):
                     yield Probe(module, list(optimizers), how)
     finally:
         set_rng_state(saved)

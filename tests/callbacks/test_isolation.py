@@ -586,3 +586,26 @@ def test_copy_shares_the_trainer_and_drops_our_hooks(tmp_path: Path) -> None:
     make_trainer(tmp_path, [Probe()], max_epochs=1, limit_train_batches=1).fit(Net(),
                                                                                blob_loader())
     assert seen == ["True", "True", "False"]
+
+
+def test_in_place_probe_suspends_our_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    net = nn.Linear(3, 1)
+    calls: list[str] = []
+
+    def ours(*args: Any) -> None:
+        calls.append("ours")
+
+    def theirs(*args: Any) -> None:
+        calls.append("theirs")
+
+    ours.__module__ = "lightning_triage.callbacks.example"  # as if a triage check had set it
+    net.register_forward_hook(ours)
+    net.register_forward_hook(theirs)
+    net.weight.register_post_accumulate_grad_hook(ours)
+    monkeypatch.setattr(probing, "free_bytes", lambda device: 3 * probing.module_bytes(net))
+    with probing.probe_module(None, net) as probe:
+        assert probe.module is net and probe.how.startswith("in place")
+        net(torch.ones(2, 3)).sum().backward()
+    assert calls == ["theirs"]
+    net(torch.ones(2, 3)).sum().backward()  # put back, in their order
+    assert calls == ["theirs", "ours", "theirs", "ours"]
