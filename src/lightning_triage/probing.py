@@ -185,8 +185,20 @@ def silenced_logging(module: nn.Module) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------- memory
+def _attribute_tensors(module: nn.Module) -> Iterator[Tensor]:
+    """Tensors kept in plain attributes of the submodules (directly or in lists, tuples and
+    dicts: hidden states, caches, EMA lists, metric states)."""
+    for sub in module.modules():
+        for value in vars(sub).values():
+            items = value.values() if isinstance(value, dict) else \
+                value if isinstance(value, (list, tuple)) else (value,)
+            for item in items:
+                if isinstance(item, Tensor):
+                    yield item
+
+
 def module_bytes(module: nn.Module) -> int:
-    """Bytes of the module's parameters and buffers (each tensor counted once).
+    """Bytes of the module's parameters, buffers and attribute tensors (each counted once).
 
     Example:
         >>> module_bytes(nn.Linear(10, 10))  # 110 float32 values
@@ -194,7 +206,7 @@ def module_bytes(module: nn.Module) -> int:
     """
     seen: set[int] = set()
     total = 0
-    for t in (*module.parameters(), *module.buffers()):
+    for t in (*module.parameters(), *module.buffers(), *_attribute_tensors(module)):
         if id(t) not in seen and not is_lazy(t):
             seen.add(id(t))
             total += t.numel() * t.element_size()

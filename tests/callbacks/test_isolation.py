@@ -609,3 +609,38 @@ def test_in_place_probe_suspends_our_hooks(monkeypatch: pytest.MonkeyPatch) -> N
     assert calls == ["theirs"]
     net(torch.ones(2, 3)).sum().backward()  # put back, in their order
     assert calls == ["theirs", "ours", "theirs", "ours"]
+
+
+class NaNAtStepTwo(Net):
+    """The loss turns NaN at step 2 (the tracer replays that step); counts its own calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps_seen = 0
+        self.training_step_outputs: list[Tensor] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        self.steps_seen += 1
+        loss = super().training_step(batch, batch_idx)
+        if self.global_step == 2:
+            loss = loss * float("nan")
+        self.training_step_outputs.append(loss.detach())
+        return loss
+
+
+def test_nan_replay_leaves_user_state_alone(tmp_path: Path) -> None:
+    def fit(path: Path, triage: Triage | None) -> NaNAtStepTwo:
+        pl.seed_everything(0, verbose=False)
+        model = NaNAtStepTwo()
+        make_trainer(path, [triage] if triage else [], max_epochs=1).fit(model, blob_loader())
+        return model
+
+    triage = Triage(verbose=False, report_dir=tmp_path / "report", on_nonfinite="warn")
+    with_triage, without = fit(tmp_path / "a", triage), fit(tmp_path / "b", None)
+    assert "numerics.nonfinite_loss" in _problems(triage)
+    tracer = next(c for c in collect_checks([triage]) if type(c).__name__ == "NonFiniteTracer")
+    assert tracer.replay_calls >= 1 and "in replays" in tracer.detail
+    assert with_triage.steps_seen == without.steps_seen == 4
+    assert len(with_triage.training_step_outputs) == 4
+    for a, b in zip(with_triage.state_dict().values(), without.state_dict().values(), strict=True):
+        assert torch.equal(a.nan_to_num(1e9), b.nan_to_num(1e9))
