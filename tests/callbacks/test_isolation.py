@@ -644,3 +644,13 @@ def test_nan_replay_leaves_user_state_alone(tmp_path: Path) -> None:
     assert len(with_triage.training_step_outputs) == 4
     for a, b in zip(with_triage.state_dict().values(), without.state_dict().values(), strict=True):
         assert torch.equal(a.nan_to_num(1e9), b.nan_to_num(1e9))
+
+
+def test_probes_skip_when_neither_copy_nor_snapshot_fits(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probing, "free_bytes", lambda device: 1024)  # 1 KiB free
+    _, _, triage = _compare(tmp_path, Net, blob_loader)
+    skipped = {f.code: f.message for f in _findings(triage)
+               if f.code in ("overfit.skipped", "structure.probe_skipped")}
+    assert set(skipped) == {"overfit.skipped", "structure.probe_skipped"}
+    assert all("fit neither a copy nor a snapshot" in m for m in skipped.values()), skipped
