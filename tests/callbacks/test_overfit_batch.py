@@ -4,6 +4,7 @@ and leaves the run untouched."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +138,13 @@ def test_time_budget_skips_a_slow_probe(tmp_path: Path) -> None:
     assert "(1 steps" in check.detail or "(2 steps" in check.detail
 
 
-def test_fallback_optimizer_is_said(tmp_path: Path) -> None:
+def test_custom_optimizer_is_copied_not_rebuilt(tmp_path: Path) -> None:
+    built: list[int] = []
+
     class NeedsArgs(torch.optim.SGD):
         def __init__(self, params: Any, lr: float, special: int) -> None:
             super().__init__(params, lr=lr)
+            built.append(special)  # a constructor side effect: must happen once
 
     class Custom(Classifier):
         def configure_optimizers(self) -> Any:
@@ -148,7 +152,25 @@ def test_fallback_optimizer_is_said(tmp_path: Path) -> None:
 
     check = fit_overfit(tmp_path, Custom())
     f = the(check, "overfit.passed")
-    assert "could not rebuild `NeedsArgs`" in f.evidence["optimizer_fallback"]
+    assert "optimizer_fallback" not in f.evidence
+    assert f.evidence["optimizer"].startswith("NeedsArgs(lr=0.05")
+    assert built == [1]
+
+
+def test_fallback_optimizer_is_said(tmp_path: Path) -> None:
+    class Locked(torch.optim.SGD):
+        def __init__(self, params: Any, lr: float) -> None:
+            super().__init__(params, lr=lr)
+            self.param_groups[0]["lock"] = threading.Lock()  # cannot be copied
+
+    class Custom(Classifier):
+        def configure_optimizers(self) -> Any:
+            return Locked(self.parameters(), lr=0.05)
+
+    check = fit_overfit(tmp_path, Custom())
+    f = the(check, "overfit.passed")
+    assert "could not copy `Locked`" in f.evidence["optimizer_fallback"]
+    assert f.evidence["isolation"].startswith("in place: the module could not be copied")
     assert "Adam(lr=1e-3)" in check.detail
 
 

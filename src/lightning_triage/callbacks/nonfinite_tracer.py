@@ -30,7 +30,7 @@ from lightning_triage.functional.nonfinite import (
     tensor_stats,
 )
 from lightning_triage.functional.tensors import abs_peak
-from lightning_triage.probing import isolated, step_loss
+from lightning_triage.probing import probe_module, step_loss
 
 OnNonFinite = Literal["stop", "skip", "warn"]
 Mode = Literal["auto", "sync", "deferred"]
@@ -209,6 +209,8 @@ class NonFiniteTracer(TriageCallback):
         self.skipped_steps = 0
         self.scaler_skips = 0
         self.localized = 0
+        #: `training_step` calls made by replays (each on a copy of the module)
+        self.replay_calls = 0
         self.first_step: int | None = None
         # run state
         self._sync = True
@@ -264,6 +266,8 @@ class NonFiniteTracer(TriageCallback):
             parts.append(f"{self.skipped_steps} skipped")
         if self.scaler_skips:
             parts.append(f"{self.scaler_skips} gradient-scaler skip(s) (normal)")
+        if self.replay_calls:
+            parts.append(f"{self.replay_calls} `training_step` call(s) in replays")
         return ", ".join(parts)
 
     # ------------------------------------------------------------------ per step
@@ -476,21 +480,26 @@ class NonFiniteTracer(TriageCallback):
         batch = _to_float32(self._batch) if float32 else self._batch
         n_args = len(inspect.signature(pl_module.training_step).parameters)
         args: tuple[Any, ...] = (batch, self._batch_idx) if n_args >= 2 else (batch,)
+        # on a copy of the module (its state stays out of the run; loggers quiet), or in place
+        # under a complete snapshot when a copy does not fit; every RNG is put back after
+        with probe_module(trainer, pl_module, trainer.optimizers, factor=2.0) as probe, \
+                torch.enable_grad(), ExitStack() as stack:
+            model = probe.module
 
-        def step() -> Tensor | None:
-            return step_loss(pl_module.training_step(*args))
+            def step() -> Tensor | None:
+                self.replay_calls += 1
+                return step_loss(model.training_step(*args))
 
-        with isolated(pl_module, trainer.optimizers), torch.enable_grad(), ExitStack() as stack:
             if self._rng is not None:
                 torch.set_rng_state(self._rng)
             if self._cuda_rng is not None:
                 torch.cuda.set_rng_state(self._cuda_rng, pl_module.device)
             if float32:
-                stack.enter_context(_float32_state(pl_module))
+                stack.enter_context(_float32_state(model))
                 stack.enter_context(torch.autocast(pl_module.device.type, enabled=False))
             else:
                 stack.enter_context(trainer.precision_plugin.forward_context())
-            return localize_nonfinite(pl_module, step)
+            return localize_nonfinite(model, step)
 
     # ------------------------------------------------------------------ findings
     def _check_batch(self, trainer: pl.Trainer) -> None:
@@ -706,7 +715,8 @@ class NonFiniteTracer(TriageCallback):
             return self.guard_hook(trainer, "forward hook", hook)
 
         for name, sub in pl_module.named_modules():
-            self.add_handle(sub.register_forward_hook(make_hook(name)))
+            if not isinstance(sub, torch.jit.ScriptModule):  # takes no hooks
+                self.add_handle(sub.register_forward_hook(make_hook(name)))
 
     def _read_samples(self, trainer: pl.Trainer) -> None:
         peaks, self._peaks = self._peaks, None
@@ -742,12 +752,14 @@ class NonFiniteTracer(TriageCallback):
     def extra_state(self) -> dict[str, Any]:
         return {"nonfinite_steps": self.nonfinite_steps, "skipped_steps": self.skipped_steps,
                 "scaler_skips": self.scaler_skips, "localized": self.localized,
-                "first_step": self.first_step, "near_reported": sorted(self._near_reported)}
+                "first_step": self.first_step, "near_reported": sorted(self._near_reported),
+                "replay_calls": self.replay_calls}
 
     @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
         self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.replay_calls = int(state.get("replay_calls", 0))
         self.scaler_skips = int(state.get("scaler_skips", 0))
         self.localized = int(state.get("localized", 0))
         self.first_step = state.get("first_step")

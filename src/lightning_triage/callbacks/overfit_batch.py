@@ -36,7 +36,15 @@ from lightning_triage.functional.overfit import (
     slice_batch,
 )
 from lightning_triage.functional.wiring import ModuleGroup, describe_groups, group_by_module
-from lightning_triage.probing import isolated, step_loss
+from lightning_triage.probing import (
+    Probe,
+    ProbeUnavailableError,
+    UserCodeError,
+    copy_optimizer,
+    probe_module,
+    step_loss,
+    user_code,
+)
 
 #: Probe steps between two plateau tests (a failing probe stops early).
 PLATEAU_EVERY = 25
@@ -132,6 +140,12 @@ class ProbeRun:
     floor: float | None = None
     detached: bool = False
     stopped: str = ""
+    #: `training_step` calls the probe made (on the copy, or in place)
+    calls: int = 0
+    #: "copy" or "in place: why"
+    isolation: str = ""
+    #: the user's exception that stopped the probe ("Type: message")
+    error: str = ""
     no_grad: list[ModuleGroup] = field(default_factory=list)
     frozen: list[ModuleGroup] = field(default_factory=list)
     outside_optimizer: list[ModuleGroup] = field(default_factory=list)
@@ -149,9 +163,17 @@ class OverfitBatchCheck(TriageCallback):
     ``tolerance`` times the chance level (inferred from the output and targets, or from
     ``task``/``num_classes``), else times the starting loss.
 
-    Everything is restored afterwards (weights, gradients, buffers such as BatchNorm statistics,
-    optimizer states, train/eval flags, RNG states, list/number attributes of the module and
-    torchmetrics states), and ``self.log`` calls from the probe are swallowed. Its cost is
+    The probe trains a deep copy of the LightningModule (:func:`~lightning_triage.probing.
+    probe_module`; the trainer, loggers and datamodule are shared), so nothing the module holds
+    (weights, buffers, attributes, hidden states, metrics, lists, generators) changes in the
+    real run; every global RNG is put back. Its optimizer is a copy of the user's with empty
+    state (the constructor is not run again). When the copy, its gradients and that optimizer
+    state (about 4x the parameters and buffers) would exceed half the free memory, the probe
+    runs on the live module under a complete snapshot (1x, restored afterwards). The trainer's
+    loggers receive nothing and ``self.log`` is swallowed; side effects outside the module
+    (files, prints) happen on each of the probe's ``training_step`` calls, counted in the
+    finding's ``evidence["training_step_calls"]``. An exception raised by the user's code
+    stops the probe (``overfit.skipped`` names it); the real step then runs as usual. Its cost is
     bounded: one step is timed and the probe is skipped when ``min_steps`` steps would exceed
     ``time_budget``; it stops when the budget is spent. Manual optimization is skipped (the
     probe cannot replace the optimizer steps taken inside ``training_step``).
@@ -248,37 +270,38 @@ class OverfitBatchCheck(TriageCallback):
             return
         run = ProbeRun(examples=examples)
         start = time.perf_counter()
-        with ExitStack() as stack:
-            stack.enter_context(isolated(pl_module, trainer.optimizers))
-            stack.enter_context(preserved_attributes(pl_module))
-            self._probe(trainer, pl_module, small, run)
+        try:
+            # the copy, its gradients and a fresh optimizer state of up to two moments
+            with probe_module(trainer, pl_module, trainer.optimizers, factor=4.0) as probe:
+                run.isolation = probe.how
+                self._probe(trainer, probe, small, run)
+        except ProbeUnavailableError as exc:
+            self._skipped(trainer, str(exc))
+            return
         run.seconds = time.perf_counter() - start
         self._conclude(trainer, run)
 
     # ------------------------------------------------------------------ the probe
-    def _optimizer(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                   run: ProbeRun) -> Optimizer:
-        """A fresh optimizer of the user's type and hyperparameters, weight decay 0."""
+    def _optimizer(self, trainer: pl.Trainer, probe: Probe, run: ProbeRun) -> Optimizer:
+        """A fresh optimizer of the user's type and hyperparameters, weight decay 0, over the
+        probed module's parameters."""
         reason = ""
-        if len(trainer.optimizers) == 1 and not isinstance(trainer.optimizers[0],
-                                                               torch.optim.LBFGS):
-            user = trainer.optimizers[0]
-            groups = []
-            for group in user.param_groups:
-                hyper = {k: v for k, v in group.items() if k != "params"}
-                if "initial_lr" in hyper:  # a scheduler's warmup may start the lr near 0
-                    hyper["lr"] = hyper.pop("initial_lr")
-                if "weight_decay" in hyper:
-                    hyper["weight_decay"] = 0.0
-                groups.append({"params": list(group["params"]), **hyper})
+        pl_module = probe.module
+        if len(probe.optimizers) == 1 and not isinstance(probe.optimizers[0], torch.optim.LBFGS):
+            user = probe.optimizers[0]
             try:
-                optimizer = type(user)(groups)  # type: ignore[call-arg]
-                lrs = sorted({float(g["lr"]) for g in groups if "lr" in g})
+                optimizer = copy_optimizer(user, {id(p): p for p in pl_module.parameters()})
+                for group in optimizer.param_groups:
+                    if "initial_lr" in group:  # a scheduler's warmup may start the lr near 0
+                        group["lr"] = group["initial_lr"]
+                    if "weight_decay" in group:
+                        group["weight_decay"] = 0.0
+                lrs = sorted({float(g["lr"]) for g in optimizer.param_groups if "lr" in g})
                 lr = ", ".join(f"{v:.3g}" for v in lrs)
                 run.optimizer = f"{type(user).__name__}(lr={lr}, weight_decay=0)"
                 return optimizer
-            except Exception as exc:  # a custom optimizer that needs other arguments
-                reason = f"could not rebuild `{type(user).__name__}` ({type(exc).__name__}: {exc})"
+            except Exception as exc:  # an optimizer that cannot be copied
+                reason = f"could not copy `{type(user).__name__}` ({type(exc).__name__}: {exc})"
         elif not trainer.optimizers:
             reason = "no optimizer configured"
         elif len(trainer.optimizers) > 1:
@@ -289,19 +312,23 @@ class OverfitBatchCheck(TriageCallback):
         run.optimizer = "Adam(lr=0.001)"
         return torch.optim.Adam([p for p in pl_module.parameters() if p.requires_grad], lr=1e-3)
 
-    def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-               run: ProbeRun) -> None:
+    def _probe(self, trainer: pl.Trainer, probe: Probe, batch: Any, run: ProbeRun) -> None:
+        pl_module = probe.module
         for module in pl_module.modules():
             if _is_regularizer(module):
                 module.eval()
-        optimizer = self._optimizer(trainer, pl_module, run)
+        optimizer = self._optimizer(trainer, probe, run)
         held = {id(p) for g in optimizer.param_groups for p in g["params"]}
         params = list(pl_module.named_parameters())
-        trainable = {n: p.numel() for n, p in params if p.requires_grad}
-        frozen = {n: p.numel() for n, p in params if not p.requires_grad}
-        run.frozen = group_by_module(frozen, {**trainable, **frozen}) if frozen else []
-        outside = [n for n, p in params if p.requires_grad and id(p) not in held]
-        run.outside_optimizer = group_by_module(outside, trainable) if outside else []
+        trainable: dict[str, int] = {}
+
+        def describe_params() -> None:  # after the first forward: lazy modules have sizes then
+            trainable.update({n: p.numel() for n, p in params if p.requires_grad})
+            frozen = {n: p.numel() for n, p in params if not p.requires_grad}
+            run.frozen = group_by_module(frozen, {**trainable, **frozen}) if frozen else []
+            outside = [n for n, p in params if p.requires_grad and id(p) not in held]
+            run.outside_optimizer = group_by_module(outside, trainable) if outside else []
+
         pass_idx = is_param_in_hook_signature(pl_module.training_step, "batch_idx", min_args=2)
         args = (batch, 0) if pass_idx else (batch,)
         started = time.perf_counter()
@@ -310,14 +337,24 @@ class OverfitBatchCheck(TriageCallback):
             tic = time.perf_counter()
             for _, p in params:
                 p.grad = None
-            with ExitStack() as stack:
-                captured = stack.enter_context(capture_last_output(pl_module)) if step == 0 \
-                    else None
-                stack.enter_context(trainer.precision_plugin.train_step_context())
-                output = pl_module.training_step(*args)
+            captured = None
+            try:
+                with ExitStack() as stack:
+                    captured = stack.enter_context(capture_last_output(pl_module)) \
+                        if step == 0 else None
+                    stack.enter_context(trainer.precision_plugin.train_step_context())
+                    stack.enter_context(user_code())
+                    run.calls += 1
+                    output = pl_module.training_step(*args)
+            except UserCodeError as err:
+                run.error, output = err.describe(), None
+            if step == 0 and not run.error:
+                describe_params()
             loss = step_loss(output)
             stop = ""
-            if loss is None:
+            if run.error:
+                stop = "error"
+            elif loss is None:
                 stop = "no_loss"
             elif not loss.requires_grad:
                 run.detached = True
@@ -333,11 +370,17 @@ class OverfitBatchCheck(TriageCallback):
             if self._stop_everywhere(trainer, run, stop):
                 return
             assert loss is not None
-            loss.backward()
-            if step == 0:
-                missing = [n for n, p in params if p.requires_grad and p.grad is None]
-                run.no_grad = group_by_module(missing, trainable) if missing else []
-            optimizer.step()
+            try:
+                with user_code():  # the user's autograd functions, hooks and optimizer
+                    loss.backward()
+                    if step == 0:
+                        missing = [n for n, p in params if p.requires_grad and p.grad is None]
+                        run.no_grad = group_by_module(missing, trainable) if missing else []
+                    optimizer.step()
+            except UserCodeError as err:
+                run.error = err.describe()
+                self._stop_everywhere(trainer, run, "error")
+                return
             step_times.append(time.perf_counter() - tic)
             # decide on the second step (the first may pay one-time costs), unless the first
             # step alone already exceeds the budget
@@ -424,7 +467,13 @@ class OverfitBatchCheck(TriageCallback):
         losses = run.losses
         self.curve = [[float(i), v] for i, v in enumerate(losses)][::max(1, len(losses) //
                                                                      MAX_CURVE_POINTS + 1)]
-        cost = f"{len(losses)} steps, {run.seconds:.2f} s"
+        cost = f"{len(losses)} steps, {run.seconds:.2f} s, {run.calls} `training_step` calls"
+        if run.stopped == "error":
+            self._skipped(trainer, f"the model's code raised {run.error} on the probe's "
+                          f"{run.examples} examples ({run.calls} `training_step` call(s) on "
+                          f"{'a copy of the model' if run.isolation == 'copy' else 'the model'})"
+                          "; the real step runs on the full batch and raises it if it recurs")
+            return
         if run.stopped == "no_loss":
             self._skipped(trainer, "`training_step` returned no scalar loss on the probe batch")
             return
@@ -439,7 +488,8 @@ class OverfitBatchCheck(TriageCallback):
             "examples": run.examples, "steps": len(losses), "seconds": round(run.seconds, 4),
             "optimizer": run.optimizer, "target": run.target, "chance": run.chance,
             "curve": self.curve, "start": losses[0] if losses else None,
-            "tolerance": self.tolerance,
+            "tolerance": self.tolerance, "training_step_calls": run.calls,
+            "isolation": run.isolation,
         }
         if run.fallback:
             evidence["optimizer_fallback"] = run.fallback

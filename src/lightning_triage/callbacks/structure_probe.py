@@ -36,7 +36,15 @@ from lightning_triage.functional.structure import (
     replace_tensor,
     same_storage,
 )
-from lightning_triage.probing import isolated
+from lightning_triage.probing import (
+    ProbeUnavailableError,
+    RngState,
+    UserCodeError,
+    probe_module,
+    rng_state,
+    set_rng_state,
+    user_code,
+)
 
 ForwardFn = Callable[[pl.LightningModule, Any], Any]
 
@@ -149,8 +157,13 @@ class _Recorder:
         handles = []
         try:
             for name, sub in module.named_modules():
-                handles.append(sub.register_forward_hook(self.hook(name, sub), with_kwargs=True))
-                handles.append(sub.register_forward_pre_hook(self.pre_hook(name), with_kwargs=True))
+                try:
+                    handles.append(sub.register_forward_hook(self.hook(name, sub),
+                                                             with_kwargs=True))
+                    handles.append(sub.register_forward_pre_hook(self.pre_hook(name),
+                                                                 with_kwargs=True))
+                except RuntimeError:  # a ScriptModule takes no hooks: it is not traced
+                    continue
             yield self
         finally:
             for handle in handles:
@@ -210,23 +223,23 @@ def _replace_output(module: nn.Module, inputs: Tensor, holder: dict[str, Tensor]
         handle.remove()
 
 
-class _UserCodeError(Exception):
-    """The user's code raised inside the probe (the cause is the original exception)."""
-
-
 class StructureProbe(TriageCallback):
     """Probe the model's structure once, on a copy of the first training batch.
 
-    At the first training batch, in eval mode and inside :func:`~lightning_triage.probing.isolated`
-    (weights, buffers, optimizer state, RNG and train/eval flags restored; nothing logged), the
-    probe runs the user's ``training_step`` (or ``forward_fn``) three times on a copy of the batch
-    (at most ``max_examples`` examples) with temporary hooks that find the model's head output:
+    At the first training batch the probe runs the user's ``training_step`` (or ``forward_fn``)
+    three times on a copy of the batch (at most ``max_examples`` examples), each time on a fresh
+    deep copy of the module (:func:`~lightning_triage.probing.probe_module`: the module's state
+    stays with the copy; trainer and loggers shared, loggers quiet) in eval mode with every global
+    RNG reset to the same state, and with temporary hooks that find the model's head output:
 
     1. as is: a shape trace of every module, the framework's broadcast warnings and the
        elementwise operations between predictions and targets that broadcast
        (``structure.shape_mismatch``);
     2. with the targets redrawn from their own values, inputs unchanged: if the head output
-       changes, the targets reach the forward pass (``structure.target_leak``). For sequence
+       changes (and the unchanged batch run once more gives the first output again: a
+       determinism control), the targets reach the forward pass (``structure.target_leak``);
+       when the control differs too, the model is stochastic beyond reach and the leak probe is
+       skipped (``structure.probe_skipped``). For sequence
        targets only the first output position is compared (teacher forcing feeds it the start
        token, never a target it predicts);
     3. with what the model receives made an autograd leaf (the input of the first module called
@@ -256,8 +269,9 @@ class StructureProbe(TriageCallback):
         time_budget: seconds the probe may take; when the first run of the model already
             takes more than a third of it, the other two runs are skipped (info finding).
         ignore_index: target value ignored when recognizing next-token data.
-        strict: raise internal errors (and errors of the user's code in the probe) instead of
-            reporting them.
+        strict: raise internal errors instead of reporting them (an error of the user's code
+            in the probe is always reported as ``structure.probe_skipped``, naming it; the real
+            step then runs as usual).
 
     Raises:
         ValueError: for an invalid argument (named in the message).
@@ -314,6 +328,7 @@ class StructureProbe(TriageCallback):
         self.shape_trace: list[dict[str, Any]] = []
         self.trace_truncated = 0
         self.results: dict[str, Any] = {}
+        self._rng: RngState | None = None
         self.probe_seconds: float | None = None
         self._slot = 0
 
@@ -329,15 +344,16 @@ class StructureProbe(TriageCallback):
         self._slot = 0
         try:
             self._probe(trainer, pl_module, batch)
-        except _UserCodeError as err:
-            exc = err.__cause__
+        except UserCodeError as err:
             self.results.pop("head", None)
-            text = str(exc) if len(str(exc)) <= 200 else str(exc)[:200] + "..."
-            self._skipped(trainer, f"the model raised {type(exc).__name__}: {text} when run on a "
-                          f"copy of the first batch (at most {self.max_examples} examples, eval "
-                          "mode)", "Pass `max_examples=` >= your batch size if the model needs a "
-                          "fixed batch size, or `forward_fn=`.")
+            self._skipped(trainer, f"the model raised {err.describe()} when run on a copy of the "
+                          f"first batch (at most {self.max_examples} examples, eval mode)",
+                          "Pass `max_examples=` >= your batch size if the model needs a fixed "
+                          "batch size, or `forward_fn=`.")
+        except ProbeUnavailableError as exc:
+            self._skipped(trainer, str(exc), "Pass `forward_fn=` on a smaller part of the model.")
         finally:
+            self._rng = None
             self._gate(trainer, 2, False)  # every rank takes part in every decision
             self.probe_seconds = time.perf_counter() - start
             self.results.setdefault("seconds", round(self.probe_seconds, 4))
@@ -364,15 +380,23 @@ class StructureProbe(TriageCallback):
 
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
         """The user's code on a batch, in the run's precision context (as the real step)."""
-        try:
-            with trainer.precision_plugin.train_step_context():
-                if self.forward_fn is not None:
-                    return self.forward_fn(pl_module, batch)
-                return pl_module.training_step(batch, 0)
-        except Exception as exc:
-            if self.strict:
-                raise
-            raise _UserCodeError(exc) from exc
+        self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
+        with trainer.precision_plugin.train_step_context(), user_code():
+            if self.forward_fn is not None:
+                return self.forward_fn(pl_module, batch)
+            return pl_module.training_step(batch, 0)
+
+    @contextmanager
+    def _model(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Iterator[Any]:
+        """A fresh deep copy of the module for one pass (or the live module under a snapshot
+        when a copy does not fit), in eval mode, with every global RNG as at the probe's start:
+        paired passes start from the same state."""
+        with probe_module(trainer, pl_module, trainer.optimizers, factor=2.0) as probe:
+            self.results["isolation"] = probe.how
+            probe.module.eval()
+            if self._rng is not None:
+                set_rng_state(self._rng)
+            yield probe.module
 
     def _gate(self, trainer: pl.Trainer, slot: int, ready: bool) -> bool:
         """Whether every rank is ready to run the user's code for pass ``slot`` (1: targets
@@ -417,59 +441,61 @@ class StructureProbe(TriageCallback):
         n = x.shape[0]
         forwards = 0
         start = time.perf_counter()
-        with isolated(pl_module, trainer.optimizers):
-            pl_module.eval()
-            with torch.enable_grad():
-                # pass 1: as is (trace, warnings, broadcasting)
-                rec_a = _Recorder(n, x, y, trace=True, keep_graph=False)
-                watch = LossWatch(y) if y is not None else None
-                rng = torch.get_rng_state()
-                with warnings.catch_warnings(record=True) as caught, rec_a.attached(pl_module):
-                    warnings.simplefilter("always")
-                    if watch is not None:
-                        with watch:
-                            out_a = self._run(trainer, pl_module, copy_a)
-                    else:
-                        out_a = self._run(trainer, pl_module, copy_a)
-                forwards += 1
-                first_run = time.perf_counter() - start
-                head_name, head_a = self._head(rec_a, out_a, n)
-                self.shape_trace = rec_a.trace
-                self.trace_truncated = max(0, rec_a.calls - len(rec_a.trace))
-                self._check_shapes(trainer, watch, caught, head_name)
-                if head_a is None:
-                    self._skipped(trainer, "no per-example floating output found (no module call "
-                                  f"returned a tensor with {n} examples on dim 0)",
-                                  "Pass `forward_fn=` returning the model's predictions.")
-                    return
-                self.results["head"] = {"module": head_name, "shape": list(head_a.shape)}
-                if 3 * first_run > self.time_budget:
-                    self._skipped(trainer, f"one run of the model on {n} examples took "
-                                  f"{first_run:.2f} s, so three would exceed `time_budget` = "
-                                  f"{self.time_budget:g} s", "Raise `time_budget=` or lower "
-                                  "`max_examples=`.", part="target-leak, batch-mixing and causal "
-                                  "probes")
-                    self.results["forward_passes"] = forwards
-                    self.mark_ran(f"1 forward pass on {n} examples; shape "
-                                  f"{self.results.get('shape')}; other probes over the time budget")
-                    return
-                # pass 2: targets redrawn
-                if y is not None and watch is not None and watch.target_uses == 0:
-                    self.results["target_leak"] = (
-                        f"skipped: the batch tensor taken as targets {tuple(y.shape)} never "
-                        "reached a loss (it is another input); pass `target_key=`")
-                elif y is not None:
-                    forwards += self._check_target_leak(trainer, pl_module, copy_a, y, head_name,
-                                                        head_a, rng)
+        self._rng = rng_state()
+        with torch.enable_grad():
+            # pass 1: as is (trace, warnings, broadcasting)
+            rec_a = _Recorder(n, x, y, trace=True, keep_graph=False)
+            watch = LossWatch(y) if y is not None else None
+            with self._model(trainer, pl_module) as model, \
+                    warnings.catch_warnings(record=True) as caught, rec_a.attached(model):
+                warnings.simplefilter("always")
+                if watch is not None:
+                    with watch:
+                        out_a = self._run(trainer, model, copy_a)
                 else:
-                    self.results["target_leak"] = "skipped: no targets found in the batch"
-                # pass 3: gradients
-                forwards += self._check_gradients(trainer, pl_module, copy_a, x, y, rec_a)
+                    out_a = self._run(trainer, model, copy_a)
+            forwards += 1
+            first_run = time.perf_counter() - start
+            head_name, head_a = self._head(rec_a, out_a, n)
+            self.shape_trace = rec_a.trace
+            self.trace_truncated = max(0, rec_a.calls - len(rec_a.trace))
+            self._check_shapes(trainer, watch, caught, head_name)
+            if head_a is None:
+                self._skipped(trainer, "no per-example floating output found (no module call "
+                              f"returned a tensor with {n} examples on dim 0)",
+                              "Pass `forward_fn=` returning the model's predictions.")
+                return
+            self.results["head"] = {"module": head_name, "shape": list(head_a.shape)}
+            if 3 * first_run > self.time_budget:
+                self._skipped(trainer, f"one run of the model on {n} examples took "
+                              f"{first_run:.2f} s, so three would exceed `time_budget` = "
+                              f"{self.time_budget:g} s", "Raise `time_budget=` or lower "
+                              "`max_examples=`.", part="target-leak, batch-mixing and causal "
+                              "probes")
+                self.results["forward_passes"] = forwards
+                self.mark_ran(f"1 forward pass on {n} examples; shape "
+                              f"{self.results.get('shape')}; other probes over the time budget")
+                return
+            # pass 2: targets redrawn
+            if y is not None and watch is not None and watch.target_uses == 0:
+                self.results["target_leak"] = (
+                    f"skipped: the batch tensor taken as targets {tuple(y.shape)} never "
+                    "reached a loss (it is another input); pass `target_key=`")
+            elif y is not None:
+                forwards += self._check_target_leak(trainer, pl_module, copy_a, y, head_name,
+                                                    head_a)
+            else:
+                self.results["target_leak"] = "skipped: no targets found in the batch"
+            # pass 3: gradients
+            forwards += self._check_gradients(trainer, pl_module, copy_a, x, y, rec_a)
         checked = ", ".join(f"{k} {v if isinstance(v, str) else 'ran'}"
                             for k, v in self.results.items()
                             if k in ("batch_mixing", "causal", "target_leak", "shape"))
         self.results["forward_passes"] = forwards
-        self.mark_ran(f"{forwards} forward passes on {min(n, self.max_examples)} examples; {checked}")
+        calls = "" if self.forward_fn is not None else " (`training_step` calls)"
+        fresh = "copy" if self.results.get("isolation") == "copy" else "snapshot"
+        self.mark_ran(f"{forwards} forward passes{calls} on {min(n, self.max_examples)} examples, "
+                      f"each on a fresh {fresh} of the model; {checked}")
 
     @staticmethod
     def _label(pl_module: pl.LightningModule, name: str | None) -> str:
@@ -523,7 +549,7 @@ class StructureProbe(TriageCallback):
 
     # ------------------------------------------------------------------ target leak
     def _check_target_leak(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
-                           y: Tensor, head_name: str | None, head_a: Tensor, rng: Tensor) -> int:
+                           y: Tensor, head_name: str | None, head_a: Tensor) -> int:
         start = aligned_start(list(head_a.shape), list(y.shape))
         new_y = redraw_targets(y, start=start)
         if new_y is None:
@@ -539,11 +565,13 @@ class StructureProbe(TriageCallback):
         if not self._gate(trainer, 1, True):
             self.results["target_leak"] = "skipped: another rank could not run it"
             return 0
+        # same state and randomness as pass 1 (a fresh copy, every RNG reset): only the targets
+        # differ
         rec_b = _Recorder(head_a.shape[0], x_b, new_y, trace=False, keep_graph=False)
-        torch.set_rng_state(rng)  # same randomness as pass 1: only the targets differ
-        with rec_b.attached(pl_module), warnings.catch_warnings():
+        with self._model(trainer, pl_module) as model, rec_b.attached(model), \
+                warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out_b = self._run(trainer, pl_module, copy_b)
+            out_b = self._run(trainer, model, copy_b)
         _, head_b = self._head(rec_b, out_b, head_a.shape[0])
         if head_b is None:
             self.results["target_leak"] = "skipped: no head output with the redrawn targets"
@@ -553,8 +581,33 @@ class StructureProbe(TriageCallback):
         redrawn = (f"target positions {start}..{y.shape[1] - 1} permuted"
                    if start is not None else "targets permuted across the batch")
         self.results["target_leak"] = "leak" if change.changed else "ok"
-        if not change.changed:
+        control = change.changed
+        if trainer.world_size > 1:  # the control runs the user's code: on every rank or none
+            control = bool(trainer.strategy.reduce_boolean_decision(control, all=False))
+        if not control:
             return 1
+        # determinism control: the same batch as pass 1 again; a different output means the model
+        # is stochastic or stateful beyond what the probe resets, and proves no leak
+        x_a = split_batch(copy_a, self.input_key, self.target_key).inputs
+        assert x_a is not None
+        rec_c = _Recorder(head_a.shape[0], x_a, y, trace=False, keep_graph=False)
+        with self._model(trainer, pl_module) as model, rec_c.attached(model), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out_c = self._run(trainer, model, copy_a)
+        _, head_c = self._head(rec_c, out_c, head_a.shape[0])
+        if not change.changed:
+            return 2
+        same = head_c is not None and not output_change(
+            head_a, head_c, positions=positions, tolerance=self.tolerance).changed
+        if not same:
+            why = ("the same batch run twice gave different outputs (the model is stochastic or "
+                   "stateful beyond what the probe resets: global and module-owned RNGs, module "
+                   "state), so a change with redrawn targets proves nothing")
+            self.results["target_leak"] = f"skipped: {why}"
+            self._skipped(trainer, why, "Make the forward deterministic in eval mode (or pass "
+                          "`forward_fn=`) to probe for a target leak.", part="target-leak probe")
+            return 2
         where = ("at the first output position, which teacher forcing only feeds the tokens "
                  f"before target position {start}" if start is not None else "")
         self.add_finding(
@@ -573,7 +626,7 @@ class StructureProbe(TriageCallback):
                       "target_shape": list(y.shape)},
             global_step=0,
         )
-        return 1
+        return 2
 
     # ------------------------------------------------------------------ gradients
     def _causal_reason(self, x: Tensor, y: Tensor | None) -> str | None:
@@ -587,6 +640,12 @@ class StructureProbe(TriageCallback):
 
     def _check_gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
                          x: Tensor, y: Tensor | None, rec_a: _Recorder) -> int:
+        with self._model(trainer, pl_module) as model:
+            return self._gradients(trainer, model, copy_a, x, y, rec_a)
+
+    def _gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
+                   x: Tensor, y: Tensor | None, rec_a: _Recorder) -> int:
+        """Pass 3, on ``pl_module``: a fresh copy of the user's module."""
         reason = self._causal_reason(x, y)
         deadline = time.perf_counter() + self.time_budget / 3  # for localizing a problem
         holder: dict[str, Tensor] = {}

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss
 
@@ -89,7 +90,8 @@ def capture_last_output(module: nn.Module, wrap: HookWrapper = _unwrapped) -> It
 
     try:
         for name, sub in module.named_modules():
-            if not isinstance(sub, _Loss):
+            # a ScriptModule takes no hooks: its outputs are seen from its parent
+            if not isinstance(sub, (_Loss, torch.jit.ScriptModule)):
                 handles.append(sub.register_forward_hook(make_hook(name)))
         yield captured
     finally:

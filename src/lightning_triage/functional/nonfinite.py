@@ -435,6 +435,8 @@ class _Tracer:
 def _forward_hooks(tracer: _Tracer, module: nn.Module) -> Iterator[None]:
     try:
         for name, sub in module.named_modules():
+            if isinstance(sub, torch.jit.ScriptModule):  # takes no hooks
+                continue
             tracer.handles.append(sub.register_forward_hook(tracer.forward_hook(name),
                                                             with_kwargs=True))
         yield
