@@ -132,7 +132,11 @@ def test_masks_with_other_names(tmp_path: Path) -> None:
 
 def test_a_nondeterministic_model_is_skipped_with_an_info_finding(tmp_path: Path) -> None:
     class Drifting(PaddedClassifier):
-        """Its output moves with a counter kept on the module: two runs differ."""
+        """Its output moves with a counter kept on the class, which a copy of the module
+        shares (state out of the probe's reach): two runs differ. ``self.calls`` counts the
+        live module's own calls."""
+
+        drift = 0
 
         def __init__(self) -> None:
             super().__init__(use_mask=True)
@@ -140,7 +144,8 @@ def test_a_nondeterministic_model_is_skipped_with_an_info_finding(tmp_path: Path
 
         def forward(self, ids: Tensor, pad: Tensor) -> Tensor:
             self.calls += 1
-            return super().forward(ids, pad) + 0.1 * self.calls
+            type(self).drift += 1
+            return super().forward(ids, pad) + 0.1 * type(self).drift
 
     model = Drifting()
     probe = _fit(tmp_path, model, dict_loader())
@@ -231,15 +236,27 @@ def test_state_round_trip_and_argument_validation() -> None:
         PaddingProbe(forward_fn=3)  # type: ignore[arg-type]
 
 
-def test_a_module_that_cannot_be_copied_is_skipped_with_an_info(tmp_path: Path) -> None:
+def test_a_module_that_cannot_be_copied_is_probed_in_place_and_restored(tmp_path: Path) -> None:
     import threading
 
+    pl.seed_everything(0, verbose=False)
     model = PaddedClassifier(use_mask=False)
-    model.lock = threading.Lock()  # not deep-copyable
-    probe = _fit(tmp_path, model, dict_loader())
-    assert codes(probe.findings) == {"structure.probe_skipped"}
-    assert "could not be deep-copied" in probe.findings[0].message
-    assert probe.check_status()["status"] == "passed"
+    lock = threading.Lock()  # not deep-copyable
+    model.lock = lock
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    probe = PaddingProbe(strict=True)
+    make_trainer(tmp_path, [probe], limit_train_batches=1, max_epochs=1).fit(
+        model, dict_loader())
+    assert str(probe.results["isolation"]).startswith("in place: the module could not be copied")
+    assert probe.has_finding("structure.padding_leak")
+    assert model.lock is lock
+    pl.seed_everything(0, verbose=False)
+    bare = PaddedClassifier(use_mask=False)
+    assert all(torch.equal(before[k], v) for k, v in bare.state_dict().items())
+    make_trainer(tmp_path / "bare", [], limit_train_batches=1, max_epochs=1).fit(
+        bare, dict_loader())
+    for key, value in bare.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
 
 
 class TupleClassifier(PaddedClassifier):

@@ -3,16 +3,12 @@ padding?"""
 
 from __future__ import annotations
 
-import copy
-import random
 import time
 import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
@@ -30,83 +26,14 @@ from lightning_triage.functional.padding import (
     probe_padding,
     record_outputs,
 )
-from lightning_triage.probing import silenced_logging
-
-
-def _is_triage_hook(fn: Any) -> bool:
-    target = getattr(fn, "func", fn)  # functools.partial
-    target = getattr(target, "__func__", target)  # bound methods
-    return str(getattr(target, "__module__", "") or "").startswith("lightning_triage")
-
-
-def _drop_triage_hooks(module: nn.Module) -> None:
-    """Remove, from a copy, the module hooks that lightning-triage's checks registered on the
-    original (they must not see the probe's passes); the user's own hooks stay."""
-    for sub in module.modules():
-        dropped: set[int] = set()
-        attrs = vars(sub)
-        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                     "_backward_pre_hooks"):
-            hooks = attrs.get(attr)
-            if isinstance(hooks, dict):
-                for key in [k for k, fn in hooks.items() if _is_triage_hook(fn)]:
-                    del hooks[key]
-                    dropped.add(key)
-        for attr in ("_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                     "_forward_pre_hooks_with_kwargs"):
-            extra = attrs.get(attr)
-            if isinstance(extra, dict):
-                for key in dropped:
-                    extra.pop(key, None)
-
-
-@contextmanager
-def _probe_copy(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Iterator[nn.Module]:
-    """A deep copy of ``pl_module`` (sharing the trainer, not copying it) in eval mode, with its
-    ``self.log`` silenced and the hooks of lightning-triage removed. The live module is not
-    touched. (Local helper; to be replaced by the project's shared copy helper.)"""
-    memo: dict[int, Any] = {id(trainer): trainer}
-    try:
-        twin = copy.deepcopy(pl_module, memo)
-    except Exception as exc:
-        raise _NoCopyError(exc) from exc
-    if isinstance(twin, pl.LightningModule):
-        twin.trainer = trainer  # `LightningModule.__getstate__` drops it (`self.all_gather`...)
-    _drop_triage_hooks(twin)
-    twin.eval()
-    try:
-        with silenced_logging(twin):
-            yield twin
-    finally:
-        del twin
-
-
-class _Rng:
-    """Saved RNG states (torch CPU and CUDA, numpy, ``random``): :meth:`reset` puts them back
-    before each paired pass, :meth:`restore` at the end."""
-
-    def __init__(self) -> None:
-        self.torch = torch.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self.numpy = np.random.get_state()
-        self.python = random.getstate()
-
-    def reset(self) -> None:
-        torch.set_rng_state(self.torch)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
-        np.random.set_state(self.numpy)
-        random.setstate(self.python)
-
-    restore = reset
-
-
-class _UserCodeError(Exception):
-    """The user's code raised inside the probe (the cause is the original exception)."""
-
-
-class _NoCopyError(Exception):
-    """The module could not be deep-copied (the cause is the original exception)."""
+from lightning_triage.probing import (
+    ProbeUnavailableError,
+    UserCodeError,
+    probe_module,
+    rng_state,
+    set_rng_state,
+    user_code,
+)
 
 
 class PaddingProbe(TriageCallback):
@@ -226,12 +153,9 @@ class PaddingProbe(TriageCallback):
             return
         try:
             self._probe(trainer, pl_module, *plan)
-        except (_UserCodeError, _NoCopyError) as err:
-            exc = err.__cause__
-            text = str(exc) if len(str(exc)) <= 200 else str(exc)[:200] + "..."
-            why = (f"the model raised {type(exc).__name__}: {text} when run on a perturbed copy "
-                   "of the first batch" if isinstance(err, _UserCodeError) else
-                   f"the LightningModule could not be deep-copied ({type(exc).__name__}: {text})")
+        except (UserCodeError, ProbeUnavailableError) as err:
+            why = (f"the model raised {err.describe()} when run on a perturbed copy of the first "
+                   "batch" if isinstance(err, UserCodeError) else str(err))
             self.results["skipped"] = why
             self.add_finding(trainer, "structure.probe_skipped",
                              f"The padding probe did not run to the end: {why}. Pass "
@@ -285,35 +209,38 @@ class PaddingProbe(TriageCallback):
                              "padded_positions": int(mask.pad.sum()),
                              "real_positions": int(mask.real.sum()),
                              "shape": list(x.shape[:2])})
-        rng = _Rng()
+        saved = rng_state()
         asked: list[str] = []
-        try:
-            with _probe_copy(trainer, pl_module) as twin, torch.no_grad(), \
-                    warnings.catch_warnings():
+
+        def run(b: Any) -> Recording:
+            # a fresh copy per pass, every RNG as at the start: paired passes start alike
+            with probe_module(trainer, pl_module, trainer.optimizers, factor=1.0) as probe, \
+                    torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                self.results["isolation"] = probe.how
+                probe.module.eval()
+                set_rng_state(saved)
+                with record_outputs(probe.module, n) as rec:
+                    self._run(trainer, probe.module, b)
+                return rec
 
-                def run(b: Any) -> Recording:
-                    rng.reset()
-                    with record_outputs(twin, n) as rec:
-                        self._run(trainer, twin, b)
-                    return rec
+        def gate(name: str, ready: bool) -> bool:  # every rank runs the same passes
+            asked.append(name)
+            if trainer.world_size > 1:
+                return bool(trainer.strategy.reduce_boolean_decision(ready, all=True))
+            return ready
 
-                def gate(name: str, ready: bool) -> bool:  # every rank runs the same passes
-                    asked.append(name)
-                    if trainer.world_size > 1:
-                        return bool(trainer.strategy.reduce_boolean_decision(ready, all=True))
-                    return ready
-
-                result = probe_padding(run, batch, x, mask, targets=y,
-                                       ignore_index=self.ignore_index, tolerance=self.tolerance,
-                                       gate=gate)
+        try:
+            result = probe_padding(run, batch, x, mask, targets=y,
+                                   ignore_index=self.ignore_index, tolerance=self.tolerance,
+                                   gate=gate)
         except BaseException:
             if trainer.world_size > 1:  # answer the decisions this rank will not reach
                 for _ in range(len(asked), 3):
                     trainer.strategy.reduce_boolean_decision(False, all=True)
             raise
         finally:
-            rng.restore()
+            set_rng_state(saved)
         self.results["forward_passes"] = result["passes"]
         self.results["noise"] = result["noise"]
         status = result["status"]
@@ -391,15 +318,11 @@ class PaddingProbe(TriageCallback):
         return name or None
 
     def _run(self, trainer: pl.Trainer, module: nn.Module, batch: Any) -> Any:
-        try:
-            with trainer.precision_plugin.train_step_context():
-                if self.forward_fn is not None:
-                    return self.forward_fn(module, batch)  # type: ignore[arg-type]
-                return module.training_step(batch, 0)  # type: ignore[operator]
-        except Exception as exc:
-            if self.strict:
-                raise
-            raise _UserCodeError(exc) from exc
+        self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
+        with trainer.precision_plugin.train_step_context(), user_code():
+            if self.forward_fn is not None:
+                return self.forward_fn(module, batch)  # type: ignore[arg-type]
+            return module.training_step(batch, 0)  # type: ignore[operator]
 
     # ------------------------------------------------------------------ state
     @override
