@@ -24,6 +24,7 @@ from lightning_triage.findings import (
     STAGES,
     Finding,
 )
+from lightning_triage.report import TriageGateError
 
 __version__ = "0.1.0.dev0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "StructureProbe",
     "Triage",
     "TriageCallback",
+    "TriageGateError",
     "TriageReport",
     "__version__",
 ]

@@ -26,6 +26,7 @@ from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
+from lightning_triage.report import FailOn
 
 _PER_STEP = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_backward",
                        "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"})
@@ -71,6 +72,12 @@ class Triage(Callback):
         window_steps: optimizer steps of that window.
         watch: keep watching loss and gradient norms for spikes after the window.
         on_spike: ``"warn"`` or ``"skip"`` (zero the gradients of a step whose norm spikes).
+        fail_on: ``"error"``, ``"warning"`` or ``"info"``: a CI gate, raising
+            :class:`~lightning_triage.report.TriageGateError` at the end of fit (after the report
+            is written) when findings at that severity or worse were found; ``None``: never.
+        html: also write the self-contained ``triage_report.html``.
+        log_findings: send findings and the summary to the trainer's loggers as they happen
+            (``triage/findings_<severity>`` counts; text on TensorBoard).
 
     Raises:
         ValueError: for an unknown ``task`` or ``num_classes < 2``, or overfit arguments out
@@ -90,6 +97,7 @@ class Triage(Callback):
                     task: multiclass
                     num_classes: 10
                     report_dir: runs/triage
+                    fail_on: error
     """
 
     def __init__(
@@ -114,6 +122,9 @@ class Triage(Callback):
         window_steps: int = 200,
         watch: bool = True,
         on_spike: OnSpike = "warn",
+        fail_on: FailOn | None = None,
+        html: bool = True,
+        log_findings: bool = True,
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -164,7 +175,11 @@ class Triage(Callback):
             NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
                             check_every_n_steps=numerics_check_every_n_steps, strict=strict),
         ]
-        self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
+        self.fail_on = fail_on
+        self.html = html
+        self.log_findings = log_findings
+        self.report = TriageReport(report_dir=report_dir, verbose=verbose, html=html,
+                                   log_findings=log_findings, fail_on=fail_on, strict=strict)
         self._callees_by_hook: dict[str, list[tuple[Callback, Callable[..., Any], bool]]] = {}
 
     @property
