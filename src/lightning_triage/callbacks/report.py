@@ -115,7 +115,8 @@ def run_info(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, An
     strategy = trainer.strategy
     hparams: Any = {}
     try:
-        hparams = _short(dict(pl_module.hparams))
+        hparams = _short({k: v for k, v in dict(pl_module.hparams).items()
+                          if not str(k).startswith("_")})  # LightningCLI's `_instantiator`
     except Exception:  # hparams of unusual types: the report is no reason to fail
         hparams = {}
     return {
