@@ -12,11 +12,11 @@ from torch.utils.data import DataLoader
 
 pytest.importorskip("jsonargparse")
 
-import lightning.pytorch as pl  # noqa: E402
-from lightning.pytorch.cli import LightningCLI  # noqa: E402
+import lightning.pytorch as pl
+from lightning.pytorch.cli import LightningCLI
 
-from lightning_triage import TriageGateError  # noqa: E402
-from lightning_triage.demo.digits import DigitsMLP, digits_loaders  # noqa: E402
+from lightning_triage import TriageGateError
+from lightning_triage.demo.digits import DigitsMLP, digits_loaders
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ def test_shipped_config_gates_a_broken_run(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PL_GLOBAL_SEED")  # the config's `seed_everything: 0` sets it
     config = (ROOT / "configs" / "triage.yaml").read_text()
-    with pytest.raises(TriageGateError, match="init.loss_above_chance") as exc:
+    with pytest.raises(TriageGateError, match=r"init\.loss_above_chance") as exc:
         run_cli(tmp_path, config, "--model.logit_scale=100.0")
     report_path = tmp_path / "runs" / "triage" / "triage_report.json"
     assert exc.value.path is not None and exc.value.path.resolve() == report_path  # written first

@@ -29,7 +29,7 @@ def test_fail_on_error_raises_after_writing_the_report(tmp_path: Path) -> None:
     assert report["status"] == "completed"  # the gate did not turn it into a crash report
     assert {f["code"] for f in exc.value.findings} == {
         f["code"] for f in report["findings"] if f["severity"] == "error"}
-    with pytest.raises(AssertionError, match="init.loss_above_chance"):
+    with pytest.raises(AssertionError, match=r"init\.loss_above_chance"):
         assert_no_findings(tmp_path, severity="error")
     with pytest.raises(AssertionError):
         assert_no_findings(triage, severity="error")
@@ -46,7 +46,7 @@ def test_fail_on_stays_silent_on_a_healthy_run(tmp_path: Path) -> None:
 
 
 def test_fail_on_is_validated() -> None:
-    with pytest.raises(ValueError, match="`fail_on` must be one of .* got 'fatal'"):
+    with pytest.raises(ValueError, match=r"`fail_on` must be one of .* got 'fatal'"):
         TriageReport(fail_on="fatal")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`fail_on`"):
         Triage(fail_on="errors")  # type: ignore[arg-type]
@@ -82,7 +82,10 @@ def test_log_findings_false_leaves_the_logger_alone(tmp_path: Path) -> None:
     trainer = make_trainer(tmp_path, [Triage(verbose=False, log_findings=False)], logger=logger)
     trainer.fit(DigitsMLP(logit_scale=100.0), train, val)
     path = Path(logger.log_dir) / "metrics.csv"
-    names = set(next(csv.reader(open(path)))) if path.exists() else set()
+    names: set[str] = set()
+    if path.exists():
+        with open(path) as fh:
+            names = set(next(csv.reader(fh)))
     assert not {n for n in names if n.startswith("triage/findings_")}
 
 
