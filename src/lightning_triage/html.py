@@ -113,7 +113,7 @@ def _matplotlib() -> Any | None:
 
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=80)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -174,8 +174,9 @@ def _loss_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
     ax.set_xlabel("global step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)
     ax.set_title(f"loss curve: {_curve_verdict(report)}", fontsize=10)
+    fig.subplots_adjust(left=0.13, right=0.97, top=0.9, bottom=0.3)
     return _png(fig)
 
 
@@ -210,6 +211,7 @@ def _grad_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
         ax.set_xlabel("global step" + ("  (red: gradient spikes/explosions)" if spikes else ""))
         fig.colorbar(im, ax=ax, label="log10 grad norm", pad=0.01)
         ax.set_title("per-layer gradient norms", fontsize=10)
+        fig.subplots_adjust(left=0.2, right=0.98, top=0.88, bottom=0.2)
         return _png(fig)
     xs, ys = _finite(report.get("series", {}).get("grad_norm") or [])
     if not xs:
@@ -225,6 +227,7 @@ def _grad_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
     ax.set_ylabel("total grad norm")
     ax.grid(alpha=0.3)
     ax.set_title("gradient norm", fontsize=10)
+    fig.subplots_adjust(left=0.15, right=0.97, top=0.9, bottom=0.17)
     return _png(fig)
 
 
@@ -254,6 +257,7 @@ def _init_plot(figure_cls: Any, info: Mapping[str, Any]) -> str | None:
     for i, v in enumerate((loss, chance)):
         ax.annotate(f"{v:.4g}", (i, v), ha="center", va="bottom", fontsize=8)
     ax.set_title("step-0 loss vs chance", fontsize=10)
+    fig.subplots_adjust(left=0.22, right=0.96, top=0.88, bottom=0.12)
     return _png(fig)
 
 
@@ -272,19 +276,27 @@ def _batch_images(figure_cls: Any, batch: Mapping[str, Any]) -> str | None:
         return None
     targets = batch.get("targets") or []
     n = len(images)
-    fig = figure_cls(figsize=(min(1.2 * n, 9.6), 1.6))
+    h = max(img.shape[1] for img in images)
+    w = max(img.shape[2] for img in images)
+    rgb = all(img.shape[0] == 3 for img in images)
+    # one mosaic, one imshow: a subplot per example costs ten times more to draw
+    mosaic = np.full((h, n * (w + 1) - 1, 3 if rgb else 1), np.nan)
     for i, img in enumerate(images):
-        ax = fig.add_subplot(1, n, i + 1)
-        if img.shape[0] == 3:
-            rgb = np.transpose(img, (1, 2, 0))
-            lo, hi = np.nanmin(rgb), np.nanmax(rgb)
-            ax.imshow((rgb - lo) / (hi - lo) if hi > lo else np.zeros_like(rgb))
-        else:
-            ax.imshow(img[0], cmap="gray")
-        ax.set_xticks([])
-        ax.set_yticks([])
-        if i < len(targets) and not isinstance(targets[i], list):
-            ax.set_title(f"y={targets[i]}", fontsize=8)
+        tile = np.transpose(img, (1, 2, 0)) if rgb else img[:1].transpose(1, 2, 0)
+        lo, hi = np.nanmin(tile), np.nanmax(tile)  # each example scaled to its own range
+        tile = (tile - lo) / (hi - lo) if hi > lo else np.zeros_like(tile)
+        mosaic[: tile.shape[0], i * (w + 1): i * (w + 1) + tile.shape[1]] = tile
+    fig = figure_cls(figsize=(min(1.1 * n, 9.6), 1.5))
+    ax = fig.add_axes((0.0, 0.0, 1.0, 0.82))
+    if rgb:
+        ax.imshow(np.nan_to_num(mosaic, nan=1.0), interpolation="nearest")
+    else:
+        ax.imshow(mosaic[:, :, 0], cmap="gray", interpolation="nearest", vmin=0.0, vmax=1.0)
+    ax.set_axis_off()
+    for i in range(min(n, len(targets))):
+        if not isinstance(targets[i], list):
+            ax.text(i * (w + 1) + w / 2, -0.6, f"y={targets[i]}", ha="center", va="bottom",
+                    fontsize=8)
     return _png(fig)
 
 
@@ -392,7 +404,7 @@ def _plots(report: Mapping[str, Any], plots: bool) -> str:
         src = _grad_plot(figure_cls, report)
         if src:
             figures.append(_figure(src, "Gradient norms over the steps (per layer where "
-                                        "recorded); red dashed lines: spikes."))
+                                        "recorded; white: zero); red dashed lines: spikes."))
         info = _initial_loss(report)
         src = _init_plot(figure_cls, info) if info else None
         if src:
