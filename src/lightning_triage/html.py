@@ -197,7 +197,8 @@ def _grad_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
         mat = np.array([[np.nan if v is None else float(v) for v in row] for row in norms]).T
         with np.errstate(divide="ignore", invalid="ignore"):
             logm = np.log10(np.where(mat > 0, mat, np.nan))
-        fig = figure_cls(figsize=(5.6, min(1.6 + 0.22 * len(names), 6.0)))
+        height = min(1.8 + 0.22 * len(names), 6.0)
+        fig = figure_cls(figsize=(5.6, height))
         ax = fig.add_subplot()
         finite = logm[np.isfinite(logm)]
         vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (-1.0, 1.0)
@@ -211,7 +212,7 @@ def _grad_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
         ax.set_xlabel("global step" + ("  (red: gradient spikes/explosions)" if spikes else ""))
         fig.colorbar(im, ax=ax, label="log10 grad norm", pad=0.01)
         ax.set_title("per-layer gradient norms", fontsize=10)
-        fig.subplots_adjust(left=0.2, right=0.98, top=0.88, bottom=0.2)
+        fig.subplots_adjust(left=0.2, right=0.98, top=1 - 0.3 / height, bottom=0.55 / height)
         return _png(fig)
     xs, ys = _finite(report.get("series", {}).get("grad_norm") or [])
     if not xs:

@@ -136,3 +136,23 @@ def test_seeded_run_has_no_unseeded_finding(tmp_path: Path, monkeypatch: pytest.
     report = json.loads((tmp_path / "triage_report.json").read_text())
     assert report["run"]["seed"] == 3
     assert "run.unseeded" not in codes(report)
+
+
+def test_per_layer_gradient_series_stays_bounded() -> None:
+    import numpy as np
+
+    from lightning_triage import GradientMonitor
+
+    monitor = GradientMonitor()
+    monitor._names = [f"blocks.{i}.lin.weight" for i in range(60)] + ["head.weight", "head.bias"]
+    for chunk in range(100):  # 5000 steps in flushes of 50
+        steps = list(range(chunk * 50, chunk * 50 + 50))
+        per = np.full((50, len(monitor._names)), 3.0)
+        monitor._record_layers(steps, per)
+    details = monitor.report_details()["grad_layers"]
+    assert len(details["layers"]) <= 40  # cut to a shallower depth: `blocks`, `head`
+    assert details["layers"] == ["blocks", "head"]
+    assert len(details["steps"]) <= 128 and details["steps"][0] == 0
+    assert details["steps"][-1] >= 4900  # spread over the whole run
+    # the layer norm is the norm of its parameters' norms
+    assert details["norms"][0] == pytest.approx([3.0 * 60 ** 0.5, 3.0 * 2 ** 0.5])
