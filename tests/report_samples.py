@@ -97,6 +97,8 @@ def healthy_report() -> dict[str, Any]:
     checks = [{"check": "InitialLossCheck", "status": "passed", "detail": "1.01x chance"},
               {"check": "LossCurveMonitor", "status": "passed", "detail": ""}]
     series = {"train_loss": [[s, 2.3 * 0.98 ** s] for s in range(0, 120, 5)]}
-    return build_report(findings, status="completed", run=dict(RUN, hparams={"lr": 0.1}),
+    run = dict(RUN, hparams={"lr": 0.1},
+               optimizers=[{"class": "SGD", "param_groups": 1, "lr": 0.1}])
+    return build_report(findings, status="completed", run=run,
                         checks=checks, series=series,
                         details={"initial_loss": {"loss": 2.31, "chance": 2.303}})

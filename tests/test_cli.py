@@ -82,6 +82,7 @@ def test_diff_shows_settings_and_findings(saved: dict[str, Path],
     assert main(["diff", str(saved["broken"]), str(saved["healthy"])]) == 0
     out = capsys.readouterr().out
     assert "hparams.lr: 50.0 -> 0.1" in out
+    assert "optimizers.0.lr: 50.0 -> 0.1" in out
     assert "start here: data.unnormalized_input -> -" in out
     assert "gone: data.unnormalized_input, curve.diverging" in out
     assert "new: curve.healthy" in out

@@ -25,11 +25,16 @@ FAIL_CHOICES = ("error", "warning", "info", "none")
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts to ``a.b`` keys (lists stay values)."""
+    """Flatten nested dicts to ``a.b`` keys, and lists of dicts to ``a.0.b`` (other lists stay
+    values)."""
+    out: dict[str, Any] = {}
     if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
         for k, v in value.items():
             out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+        for i, v in enumerate(value):
+            out.update(_flat(v, f"{prefix}{i}."))
         return out
     return {prefix.rstrip("."): value}
 
