@@ -17,3 +17,16 @@ def _file_system_sharing() -> None:
     # `ddp_spawn` tests send tensors to their workers; sandboxes that cannot resize
     # shared-memory file descriptors (`unable to resize file`) still share through files
     mp.set_sharing_strategy("file_system")
+
+
+@pytest.fixture(autouse=True)
+def _seeded_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `seed_everything` leaves `PL_GLOBAL_SEED` set for the rest of the process: fix it per test
+    # so the report's `run.unseeded` finding does not depend on the order tests run in (tests
+    # of that finding delete it)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite the golden files of printed reports (tests/golden/)")

@@ -26,6 +26,7 @@ STAGE_PAGES = {
     "data": ["data.md"], "init": ["init.md"], "wiring": ["wiring.md"], "overfit": ["overfit.md"],
     "structure": ["structure.md"], "mode": ["mode.md"], "curve": ["curves.md", "long_run.md"],
     "grad": ["curves.md", "long_run.md"], "numerics": ["numerics.md"], "triage": ["findings.md"],
+    "run": ["report.md"],
 }
 
 

@@ -26,6 +26,7 @@ from lightning_triage.findings import (
     STAGES,
     Finding,
 )
+from lightning_triage.report import TriageGateError
 
 __version__ = "0.1.0.dev0"
 
@@ -45,6 +46,7 @@ __all__ = [
     "StructureProbe",
     "Triage",
     "TriageCallback",
+    "TriageGateError",
     "TriageReport",
     "WorstErrors",
     "__version__",

@@ -1,19 +1,174 @@
-"""Command line: ``python -m lightning_triage demo [scenario ...]``."""
+"""Command line of lightning-triage.
+
+::
+
+    lightning-triage show RUN_DIR_OR_JSON [--fail-on SEVERITY]   print a saved report
+    lightning-triage html JSON [-o OUT] [--no-plots]            re-render the HTML page
+    lightning-triage diff A B                                    settings and findings, A -> B
+    lightning-triage demo [scenario ...]                         the demo runs
+
+Exit codes: 0 clean; 1 the report (for ``diff``: B, the newer run; for ``demo``: a scenario
+not caught) holds findings at or above ``--fail-on`` (default ``error``; ``none``: never 1);
+2 usage error (bad arguments, no report there, not a lightning-triage report).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+FAIL_CHOICES = ("error", "warning", "info", "none")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lightning-triage", description=__doc__)
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts to ``a.b`` keys, and lists of dicts to ``a.0.b`` (other lists stay
+    values)."""
+    out: dict[str, Any] = {}
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+        for i, v in enumerate(value):
+            out.update(_flat(v, f"{prefix}{i}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+#: Run keys that change with every run and say nothing about its settings.
+_VOLATILE = {"global_step", "epochs"}
+
+
+def diff_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """What changed from report ``a`` to report ``b``: settings (``run``, flattened) and findings
+    (codes only in ``a``: gone; only in ``b``: new; in both: kept).
+
+    Example:
+        >>> a = {"run": {"lr": 0.1, "seed": 0}, "findings": [{"code": "curve.diverging"}],
+        ...      "start_here": "curve.diverging"}
+        >>> b = {"run": {"lr": 0.01, "seed": 0}, "findings": [], "start_here": None}
+        >>> d = diff_reports(a, b)
+        >>> d["settings"], d["gone"], d["new"]
+        ({'lr': (0.1, 0.01)}, ['curve.diverging'], [])
+    """
+    ra = {k: v for k, v in _flat(a.get("run", {})).items() if k not in _VOLATILE}
+    rb = {k: v for k, v in _flat(b.get("run", {})).items() if k not in _VOLATILE}
+    settings = {k: (ra.get(k), rb.get(k)) for k in sorted(set(ra) | set(rb))
+                if ra.get(k) != rb.get(k)}
+    ca = list(dict.fromkeys(f["code"] for f in a.get("findings", [])))
+    cb = list(dict.fromkeys(f["code"] for f in b.get("findings", [])))
+    return {"settings": settings, "gone": [c for c in ca if c not in cb],
+            "new": [c for c in cb if c not in ca], "kept": [c for c in cb if c in ca],
+            "start_here": (a.get("start_here"), b.get("start_here"))}
+
+
+def _exit(report: Mapping[str, Any], fail_on: str) -> int:
+    from lightning_triage.report import problems_at
+
+    if fail_on == "none":
+        return 0
+    return 1 if problems_at(report, fail_on) else 0  # type: ignore[arg-type]
+
+
+def _load(source: str, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], Path]:
+    from lightning_triage.report import find_report, load_report
+
+    try:
+        path = find_report(source)
+        return load_report(path), path
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        parser.exit(2, f"lightning-triage: error: {exc}\n")
+    raise AssertionError  # pragma: no cover
+
+
+def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from rich.console import Console
+
+    from lightning_triage.report import print_report
+
+    report, path = _load(args.source, parser)
+    print_report(report, console=Console(), path=path)
+    return _exit(report, args.fail_on)
+
+
+def _html(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from lightning_triage.html import render_html
+    from lightning_triage.report import HTML_NAME
+
+    report, path = _load(args.source, parser)
+    out = Path(args.output) if args.output else path.with_name(HTML_NAME)
+    try:
+        out.write_text(render_html(report, plots=not args.no_plots), encoding="utf-8")
+    except OSError as exc:
+        parser.exit(2, f"lightning-triage: error: cannot write {out}: {exc}\n")
+    print(out)
+    return _exit(report, args.fail_on)
+
+
+def _diff(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from rich.console import Console
+    from rich.text import Text
+
+    a, pa = _load(args.a, parser)
+    b, pb = _load(args.b, parser)
+    d = diff_reports(a, b)
+    console = Console()
+    console.print(Text(f"A: {pa}\nB: {pb}"))
+    console.print(Text("settings changed:", style="bold") if d["settings"] else
+                  Text("settings: no change", style="bold"))
+    for key, (old, new) in d["settings"].items():
+        console.print(Text(f"  {key}: {old!r} -> {new!r}"))
+    sa, sb = d["start_here"]
+    console.print(Text.assemble(("start here: ", "bold"), f"{sa or '-'} -> {sb or '-'}"))
+    for label, codes, style in (("new", d["new"], "red"), ("gone", d["gone"], "green"),
+                                ("kept", d["kept"], "")):
+        if codes:
+            console.print(Text.assemble((f"  {label}: ", style or "bold"), ", ".join(codes)))
+    if not (d["new"] or d["gone"] or d["kept"]):
+        console.print(Text("  no findings in either run"))
+    return _exit(b, args.fail_on)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightning-triage", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    fail_help = ("exit 1 when findings at this severity or worse are present "
+                 "(default: error; none: never)")
+    show = sub.add_parser("show", help="print a saved report (a JSON file or a run directory)")
+    show.add_argument("source", help="triage_report.json or a directory holding one")
+    show.add_argument("--fail-on", choices=FAIL_CHOICES, default="error", help=fail_help)
+    html = sub.add_parser("html", help="re-render the self-contained HTML report from its JSON")
+    html.add_argument("source", help="triage_report.json or a directory holding one")
+    html.add_argument("-o", "--output", default=None,
+                      help="where to write (default: triage_report.html beside the JSON)")
+    html.add_argument("--no-plots", action="store_true", help="tables only, no matplotlib")
+    html.add_argument("--fail-on", choices=FAIL_CHOICES, default="error", help=fail_help)
+    diff = sub.add_parser("diff", help="compare two runs: changed settings and findings")
+    diff.add_argument("a", help="the older report (JSON or directory)")
+    diff.add_argument("b", help="the newer report (JSON or directory)")
+    diff.add_argument("--fail-on", choices=FAIL_CHOICES, default="error",
+                      help="exit 1 when B has findings at this severity or worse")
     demo = sub.add_parser("demo", help="train small models on digits and show the diagnoses")
     demo.add_argument("scenarios", nargs="*", help="scenario names (default: all)")
     demo.add_argument("--report-root", default=None, help="where to write the reports")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "show":
+        return _show(args, parser)
+    if args.command == "html":
+        return _html(args, parser)
+    if args.command == "diff":
+        return _diff(args, parser)
     if args.command == "demo":
         logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
         from lightning_triage.demo import run_demo
@@ -23,4 +178,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -40,6 +40,9 @@ STAGES: tuple[str, ...] = (
 #: Findings about lightning-triage itself (a check that failed internally). Sorted after the
 #: protocol and never chosen as ``start_here``.
 META_STAGE = "triage"
+#: Context about the run's settings (e.g. ``run.unseeded``): info only, sorted after the
+#: protocol, never chosen as ``start_here``.
+RUN_STAGE = "run"
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,10 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("numerics.nonfinite_detected", "error", "A NaN/Inf was detected but not localized",
           "Run with `NonFiniteTracer(mode='sync')` (or `Triage(numerics_mode='sync')`) so the "
           "failing step is replayed and the first module, gradient or loss computation is named."),
+    # run settings (context)
+    _spec("run.unseeded", "info", "No global seed was set",
+          "Call `lightning.seed_everything(seed)` (or `seed_everything: <seed>` in LightningCLI) "
+          "so a rerun that changes one setting can be compared with this one."),
     # meta
     _spec("triage.check_error", "warning", "A triage check failed internally and was disabled",
           "The training run was not affected. Please report it with the evidence; pass "
@@ -227,7 +234,7 @@ def register_code(code: str, severity: Severity, title: str, hint: str) -> CodeS
             with a different definition.
     """
     stage = code.split(".", 1)[0]
-    if "." not in code or stage not in (*STAGES, META_STAGE):
+    if "." not in code or stage not in (*STAGES, META_STAGE, RUN_STAGE):
         raise ValueError(f"Finding code {code!r} must be `<stage>.<name>` with stage in {STAGES}.")
     if severity not in SEVERITIES:
         raise ValueError(f"`severity` must be one of {SEVERITIES}, got {severity!r}.")

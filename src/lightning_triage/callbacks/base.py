@@ -85,6 +85,9 @@ class TriageCallback(Callback):
         self.idle = False
         self._warned: set[str] = set()
         self._handles: list[RemovableHandle] = []
+        #: Called with ``(trainer, finding)`` for each new finding (set by :class:`TriageReport`
+        #: to send findings to the loggers as they happen).
+        self.finding_listener: Callable[[pl.Trainer, Finding], None] | None = None
 
     # ------------------------------------------------------------------ findings
     @property
@@ -125,6 +128,13 @@ class TriageCallback(Callback):
             rank=rank,
         )
         self.findings.append(finding)
+        listener = getattr(self, "finding_listener", None)
+        if listener is not None and trainer is not None:
+            try:
+                listener(trainer, finding)
+            except Exception:  # logging a finding is never a reason to break the run
+                if self.strict:
+                    raise
         if finding.is_problem and code not in self._warned:
             self._warned.add(code)
             rank_zero_warn(f"[lightning-triage] {code}: {message}", category=RuntimeWarning)
@@ -159,6 +169,10 @@ class TriageCallback(Callback):
 
     def series(self) -> dict[str, list[list[float]]]:
         """Named ``[[step, value], ...]`` series this check contributes to the report."""
+        return {}
+
+    def report_details(self) -> dict[str, Any]:
+        """Bounded, JSON-ready extras for the report's ``details`` (what the HTML draws)."""
         return {}
 
     # ------------------------------------------------------------------ hooks
@@ -251,6 +265,7 @@ class TriageCallback(Callback):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handles"] = []  # hook handles hold weak references and are per-process
+        state["finding_listener"] = None  # the report's bound method: set again at setup
         if "_steps" in state:  # a per-epoch view of the trainer's step counter
             state["_steps"] = None
         return state

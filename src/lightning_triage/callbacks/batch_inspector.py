@@ -753,6 +753,10 @@ class BatchInspector(TriageCallback):
         return state
 
     @override
+    def report_details(self) -> dict[str, Any]:
+        return {"first_batch": dict(self.sample)} if self.sample else {}
+
+    @override
     def extra_state(self) -> dict[str, Any]:
         return {
             "sample": self.sample,

@@ -54,6 +54,32 @@ def _module_name(param_name: str) -> str:
     return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
 
 
+_MAX_LAYERS = 40  # rows of the report's per-layer heatmap
+_MAX_LAYER_ROWS = 128  # columns (steps) of it
+
+
+def layer_groups(param_names: list[str], max_layers: int = _MAX_LAYERS) -> tuple[list[str], list[int]]:
+    """Group parameters by module for the report's per-layer gradient heatmap: the module names
+    (cut to a shallower depth until at most ``max_layers`` remain) and each parameter's group.
+
+    Example:
+        >>> layer_groups(["enc.0.weight", "enc.0.bias", "head.weight"])
+        (['enc.0', 'head'], [0, 0, 1])
+        >>> layer_groups(["a.0.w", "a.1.w", "b.w"], max_layers=2)
+        (['a', 'b'], [0, 0, 1])
+    """
+    modules = [_module_name(n) for n in param_names]
+    depth = max((m.count(".") + 1 for m in modules), default=1)
+    while True:
+        cut = [".".join(m.split(".")[:depth]) for m in modules]
+        names = list(dict.fromkeys(cut))
+        if len(names) <= max_layers or depth == 1:
+            names = names[:max_layers]  # depth 1 and still too many: the first ones
+            index = {n: i for i, n in enumerate(names)}
+            return names, [index.get(c, -1) for c in cut]
+        depth -= 1
+
+
 class GradientMonitor(TriageCallback, WindowMixin):
     """Judge gradient norms in the first epochs, then watch them for spikes for the whole run.
 
@@ -179,6 +205,12 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._layer_base: np.ndarray | None = None
         self._pending_spikes: list[SpikeEvent] = []
         self._reported: set[tuple[str, int]] = set()
+        # per-layer norms for the report's heatmap: bounded (decimated like `BoundedSeries`)
+        self.layer_names: list[str] = []
+        self._layer_of: np.ndarray | None = None
+        self.layer_rows: list[list[Any]] = []
+        self._layer_stride = 1
+        self._layer_seen = 0
 
     # ------------------------------------------------------------------ setup
     @override
@@ -339,6 +371,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
                     if self.on_spike == "skip":
                         metrics["triage/skipped_steps"] = float(self.skipped_steps)
                     log_to_loggers(trainer, metrics, s)
+        self._record_layers(steps, per)
         self._recent.append((np.asarray(steps), totals, per, loss))
         # keep at least 64 steps of context (bounded: at most 64 + one chunk)
         while len(self._recent) > 1 and \
@@ -506,10 +539,40 @@ class GradientMonitor(TriageCallback, WindowMixin):
     def series(self) -> dict[str, list[list[float]]]:
         return {"grad_norm": self.series_norm.to_list()}
 
+    def _record_layers(self, steps: list[int], per: np.ndarray) -> None:
+        """Per-layer norms of this chunk into the bounded heatmap rows (at the flush, on host)."""
+        if self._layer_of is None:
+            self.layer_names, groups = layer_groups(self._names)
+            self._layer_of = np.zeros((len(self._names), len(self.layer_names)))
+            for j, g in enumerate(groups):
+                if g >= 0:
+                    self._layer_of[j, g] = 1.0
+        if per.shape[1] != self._layer_of.shape[0]:
+            return
+        layer = np.sqrt(np.square(per) @ self._layer_of)
+        for step, row in zip(steps, layer, strict=True):
+            if self._layer_seen % self._layer_stride == 0:
+                self.layer_rows.append([int(step), [float(v) if math.isfinite(v) else None
+                                                    for v in row]])
+                if len(self.layer_rows) >= _MAX_LAYER_ROWS:
+                    self.layer_rows = self.layer_rows[::2]
+                    self._layer_stride *= 2
+            self._layer_seen += 1
+
+    @override
+    def report_details(self) -> dict[str, Any]:
+        if not self.layer_rows:
+            return {}
+        return {"grad_layers": {"layers": list(self.layer_names),
+                                "steps": [r[0] for r in self.layer_rows],
+                                "norms": [list(r[1]) for r in self.layer_rows]}}
+
     # ------------------------------------------------------------------ state
     @override
     def extra_state(self) -> dict[str, Any]:
         return {
+            "layer_names": list(self.layer_names), "layer_rows": [list(r) for r in self.layer_rows],
+            "layer_stride": self._layer_stride, "layer_seen": self._layer_seen,
             "window_closed": self.window_closed, "watcher": self.watcher.state_dict(),
             "series": self.series_norm.state_dict(), "skipped_steps": self.skipped_steps
             if self._skipped is None else self._skipped_base + int(self._skipped),
@@ -534,6 +597,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self.w_total = [float(v) for v in state.get("w_total", [])]
         self.w_loss = [float(v) for v in state.get("w_loss", [])]
         self.w_rows = [np.asarray(r, dtype=np.float64) for r in state.get("w_rows", [])]
+        self.layer_names = [str(n) for n in state.get("layer_names", [])]
+        self.layer_rows = [list(r) for r in state.get("layer_rows", [])]
+        self._layer_stride = int(state.get("layer_stride", 1))
+        self._layer_seen = int(state.get("layer_seen", 0))
 
 
 __all__ = ["GradientMonitor", "OnSpike"]

@@ -205,6 +205,16 @@ class InitialLossCheck(TriageCallback):
         self._capture.close()
 
     @override
+    def report_details(self) -> dict[str, Any]:
+        if self.initial_loss is None:
+            return {}
+        info: dict[str, Any] = {"loss": self.initial_loss if math.isfinite(self.initial_loss)
+                                else str(self.initial_loss)}
+        if self.chance is not None:
+            info.update(chance=self.chance.value, chance_formula=self.chance.describe())
+        return {"initial_loss": info}
+
+    @override
     def extra_state(self) -> dict[str, Any]:
         return {"initial_loss": self.initial_loss,
                 "chance": None if self.chance is None else vars(self.chance)}

@@ -441,6 +441,13 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             out["val_loss"] = self.val_series.to_list()
         return out
 
+    @override
+    def report_details(self) -> dict[str, Any]:
+        if self.chance is None:
+            return {}
+        return {"chance": {"chance": self.chance.value, "task": self.chance.task,
+                           "formula": self.chance.describe()}}
+
     # ------------------------------------------------------------------ hooks and state
     @override
     def remove_handles(self) -> None:

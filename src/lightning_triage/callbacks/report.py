@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import platform
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,19 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback, collect_checks
-from lightning_triage.findings import Finding
-from lightning_triage.report import ReportStatus, build_report, print_report, write_report
+from lightning_triage.findings import SEVERITIES, Finding, _jsonable
+from lightning_triage.report import (
+    FailOn,
+    ReportStatus,
+    TriageGateError,
+    build_report,
+    print_report,
+    problems_at,
+    render_markdown,
+    write_report,
+)
+
+_FAIL_ON = (None, *SEVERITIES)
 
 
 def strategy_name(strategy: object) -> str:
@@ -30,9 +43,82 @@ def strategy_name(strategy: object) -> str:
     return type(strategy).__name__.removesuffix("Strategy").lower() or "unknown"
 
 
+def global_seed() -> int | None:
+    """The seed of ``lightning.seed_everything`` (it sets ``PL_GLOBAL_SEED``; so does
+    LightningCLI's ``seed_everything``), or ``None`` when it was not called in this process.
+    A seed set another way (``torch.manual_seed`` alone) cannot be seen."""
+    value = os.environ.get("PL_GLOBAL_SEED")
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def _short(value: Any, limit: int = 200) -> Any:
+    """JSON-ready ``value`` with long strings and lists cut (the run record stays small)."""
+    value = _jsonable(value)
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + "…"
+    if isinstance(value, list):
+        return [_short(v, limit) for v in value[:32]]
+    if isinstance(value, dict):
+        return {k: _short(v, limit) for k, v in list(value.items())[:64]}
+    return value
+
+
+def _optimizers(trainer: pl.Trainer) -> list[dict[str, Any]]:
+    out = []
+    for opt in trainer.optimizers:
+        groups = opt.param_groups
+        info: dict[str, Any] = {"class": type(opt).__name__, "param_groups": len(groups)}
+        for key in ("lr", "momentum", "weight_decay", "betas", "eps", "nesterov"):
+            values = [g[key] for g in groups if key in g]
+            if key == "lr":
+                values = [g.get("initial_lr", g["lr"]) for g in groups if "lr" in g]
+            if values:
+                info[key] = _short(values[0] if all(v == values[0] for v in values) else values)
+        out.append(info)
+    return out
+
+
+def _schedulers(trainer: pl.Trainer) -> list[dict[str, Any]]:
+    out = []
+    for cfg in getattr(trainer, "lr_scheduler_configs", []) or []:
+        sched = cfg.scheduler
+        info: dict[str, Any] = {"class": type(sched).__name__, "interval": cfg.interval,
+                                "frequency": cfg.frequency}
+        for key in ("step_size", "gamma", "T_max", "max_lr", "total_steps", "milestones",
+                    "warmup_steps", "eta_min", "factor", "patience"):
+            if hasattr(sched, key):
+                info[key] = _short(getattr(sched, key))
+        out.append(info)
+    return out
+
+
+def _batch_size(trainer: pl.Trainer) -> int | None:
+    loader = trainer.train_dataloader
+    for candidate in (loader, getattr(loader, "loaders", None),
+                      getattr(loader, "iterables", None)):
+        size = getattr(candidate, "batch_size", None)
+        if isinstance(size, int):
+            return size
+    return None
+
+
 def run_info(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-    """The ``run`` section of the report."""
+    """The ``run`` section of the report: the run's settings beside its findings (what
+    ``lightning-triage diff`` compares)."""
+    import numpy
+
+    from lightning_triage import __version__
+
     strategy = trainer.strategy
+    hparams: Any = {}
+    try:
+        hparams = _short({k: v for k, v in dict(pl_module.hparams).items()
+                          if not str(k).startswith("_")})  # LightningCLI's `_instantiator`
+    except Exception:  # hparams of unusual types: the report is no reason to fail
+        hparams = {}
     return {
         "lightning": lightning.__version__,
         "torch": torch.__version__,
@@ -43,7 +129,35 @@ def run_info(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, An
         "epochs": int(trainer.current_epoch),
         "model": type(pl_module).__name__,
         "trainable_params": int(sum(p.numel() for p in pl_module.parameters() if p.requires_grad)),
+        "accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
+        "devices": int(trainer.num_devices),
+        "num_nodes": int(trainer.num_nodes),
+        "seed": global_seed(),
+        "hparams": hparams,
+        "optimizers": _optimizers(trainer),
+        "lr_schedulers": _schedulers(trainer),
+        "batch_size": _batch_size(trainer),
+        "accumulate_grad_batches": int(trainer.accumulate_grad_batches),
+        "gradient_clip_val": _short(trainer.gradient_clip_val),
+        "max_epochs": trainer.max_epochs,
+        "max_steps": trainer.max_steps,
+        "versions": {"python": platform.python_version(), "lightning": lightning.__version__,
+                     "torch": torch.__version__, "numpy": numpy.__version__,
+                     "lightning_triage": __version__},
     }
+
+
+def unseeded_finding() -> Finding:
+    """The ``run.unseeded`` info finding (no ``seed_everything`` call was seen)."""
+    return Finding.create(
+        "run.unseeded",
+        "`PL_GLOBAL_SEED` is not set: `lightning.seed_everything` was not called, so a rerun "
+        "will differ by chance as well as by what you changed (if you seed another way, "
+        "ignore this).", check="TriageReport")
+
+
+def _severity_metrics(counts: Mapping[str, int]) -> dict[str, float]:
+    return {f"triage/findings_{sev}": float(counts.get(sev, 0)) for sev in SEVERITIES}
 
 
 def _check_writable(directory: Path) -> str | None:
@@ -66,16 +180,29 @@ class TriageReport(Callback):
     Under DDP the findings of every rank are gathered and rank 0 writes the files (on a crash,
     without collectives: the crashing rank's findings only).
 
+    Findings reach the trainer's loggers as they happen (``log_findings``): every logger gets
+    the running counts ``triage/findings_error``, ``triage/findings_warning`` and
+    ``triage/findings_info`` through ``log_metrics`` at the finding's step, and a
+    ``TensorBoardLogger`` also gets the finding as text (tag ``triage/findings``); at the end
+    the same counts and, on TensorBoard, the Markdown report (tag ``triage/summary``).
+
     Args:
         report_dir: where to write; default the trainer's ``log_dir``, else ``default_root_dir``.
         verbose: print the summary to the console (rank zero).
+        html: also write the self-contained ``triage_report.html`` (plots need matplotlib).
+        log_findings: send findings and the summary to the trainer's loggers.
+        fail_on: ``"error"``, ``"warning"`` or ``"info"``: raise :class:`TriageGateError` at the
+            end of fit (after the report is written) when the report holds findings at that
+            severity or worse; ``None`` (default): never.
         strict: raise errors met while building or writing the report instead of warning.
 
     When ``report_dir`` cannot be written, setup warns once and the run goes on without files
     (the summary is still printed and :attr:`report` still built).
 
     Raises:
-        ValueError: at setup, with ``strict=True``, if ``report_dir`` cannot be written.
+        ValueError: for an unknown ``fail_on``; at setup, with ``strict=True``, if
+            ``report_dir`` cannot be written.
+        TriageGateError: at the end of fit, with ``fail_on``, listing the findings.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -84,10 +211,17 @@ class TriageReport(Callback):
     """
 
     def __init__(self, report_dir: str | os.PathLike[str] | None = None, verbose: bool = True,
+                 html: bool = True, log_findings: bool = True, fail_on: FailOn | None = None,
                  *, strict: bool = False) -> None:
+        if fail_on not in _FAIL_ON:
+            raise ValueError(f"`fail_on` must be one of {_FAIL_ON}, got {fail_on!r}.")
         self.strict = strict
         self.report_dir = None if report_dir is None else str(report_dir)
         self.verbose = verbose
+        self.html = html
+        self.log_findings = log_findings
+        self.fail_on = fail_on
+        self._logged: dict[str, int] = dict.fromkeys(SEVERITIES, 0)
         self.report: dict[str, Any] | None = None
         self.paths: list[Path] = []
         self._resolved_dir: Path | None = None
@@ -114,6 +248,37 @@ class TriageReport(Callback):
                            "written to files.", category=RuntimeWarning)
             self._no_files = True
         self._resolved_dir = directory
+        self._logged = dict.fromkeys(SEVERITIES, 0)
+        listener = self._on_finding if self.log_findings else None
+        for check in collect_checks(trainer.callbacks):  # type: ignore[attr-defined]
+            check.finding_listener = listener
+
+    # ------------------------------------------------------------------ loggers
+    def _on_finding(self, trainer: pl.Trainer, finding: Finding) -> None:
+        """Send a new finding to the loggers (rank zero; never raises into the check)."""
+        if not trainer.loggers or not trainer.is_global_zero:
+            return
+        self._logged[finding.severity] = self._logged.get(finding.severity, 0) + 1
+        step = trainer.global_step if finding.global_step is None else finding.global_step
+        text = (f"**{finding.severity}** `{finding.code}` (step {step}"
+                + (f", layer `{finding.layer}`" if finding.layer else "") + f"): {finding.title}."
+                f"\n\n{finding.message}\n\nNext: {finding.hint}")
+        self._to_loggers(trainer, _severity_metrics(self._logged), step, "triage/findings", text)
+
+    def _to_loggers(self, trainer: pl.Trainer, metrics: Mapping[str, float], step: int,
+                    tag: str, text: str) -> None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        for logger in trainer.loggers:
+            try:
+                logger.log_metrics(dict(metrics), step=step)
+                if isinstance(logger, TensorBoardLogger):
+                    logger.experiment.add_text(tag, text, global_step=step)
+            except Exception as exc:  # a logger's failure must not break the run
+                if self.strict:
+                    raise
+                rank_zero_warn(f"[lightning-triage] could not log to {type(logger).__name__}: "
+                               f"{type(exc).__name__}: {exc}")
 
     def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: ReportStatus,
                gather: bool) -> None:
@@ -142,17 +307,47 @@ class TriageReport(Callback):
         if not trainer.is_global_zero:
             return
         series: dict[str, list[list[float]]] = {}
+        details: dict[str, Any] = {}
         for check in checks:
             series.update(check.series())
-        self.report = build_report(findings, status=status, run=run_info(trainer, pl_module),
-                                   checks=[c.check_status() for c in checks], series=series)
-        self.paths = [] if self._no_files else write_report(self.report, directory)
+            details.update(check.report_details())
+        run = run_info(trainer, pl_module)
+        if run["seed"] is None:
+            findings.append(unseeded_finding())
+        if run["batch_size"] is None and isinstance(details.get("first_batch"), Mapping):
+            shape = details["first_batch"].get("shape") or []
+            run["batch_size"] = shape[0] if shape else None
+        self.report = build_report(findings, status=status, run=run,
+                                   checks=[c.check_status() for c in checks], series=series,
+                                   details=details)
+        self.paths = [] if self._no_files else write_report(self.report, directory,
+                                                                html=self.html)
         if self.verbose:
             print_report(self.report, path=self.paths[0] if self.paths else None)
+        if self.log_findings and trainer.loggers:
+            counts: dict[str, int] = {
+                sev: sum(f["severity"] == sev for f in self.report["findings"]) for sev in SEVERITIES}
+            self._to_loggers(trainer, _severity_metrics(counts), int(trainer.global_step),
+                             "triage/summary", render_markdown(self.report))
+
+    def _gate(self, trainer: pl.Trainer) -> None:
+        """``fail_on``: raise :class:`TriageGateError` listing the findings at that severity (on
+        every rank, decided together: rank 0 holds the report)."""
+        if self.fail_on is None or self._resolved_dir is None:
+            return
+        bad = problems_at(self.report, self.fail_on) if self.report is not None else []
+        if trainer.strategy.reduce_boolean_decision(bool(bad), all=False):
+            raise TriageGateError(bad, self.fail_on, self.paths[0] if self.paths else None)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._write(trainer, pl_module, "completed", gather=True)
+        self._gate(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for check in collect_checks(trainer.callbacks):  # type: ignore[attr-defined]
+            check.finding_listener = None
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

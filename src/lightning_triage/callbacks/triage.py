@@ -28,6 +28,7 @@ from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
 from lightning_triage.callbacks.worst_errors import WorstErrors
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
+from lightning_triage.report import FailOn
 
 _PER_STEP = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_backward",
                        "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"})
@@ -75,6 +76,12 @@ class Triage(Callback):
         on_spike: ``"warn"`` or ``"skip"`` (zero the gradients of a step whose norm spikes).
         padding_mask_key: the batch entry holding the padding mask, for the padding probe
             (:class:`PaddingProbe`) when it cannot find the mask by name.
+        fail_on: ``"error"``, ``"warning"`` or ``"info"``: a CI gate, raising
+            :class:`~lightning_triage.report.TriageGateError` at the end of fit (after the report
+            is written) when findings at that severity or worse were found; ``None``: never.
+        html: also write the self-contained ``triage_report.html``.
+        log_findings: send findings and the summary to the trainer's loggers as they happen
+            (``triage/findings_<severity>`` counts; text on TensorBoard).
 
     Raises:
         ValueError: for an unknown ``task`` or ``num_classes < 2``, or overfit arguments out
@@ -94,6 +101,7 @@ class Triage(Callback):
                     task: multiclass
                     num_classes: 10
                     report_dir: runs/triage
+                    fail_on: error
     """
 
     def __init__(
@@ -119,6 +127,9 @@ class Triage(Callback):
         watch: bool = True,
         on_spike: OnSpike = "warn",
         padding_mask_key: BatchKey | None = None,
+        fail_on: FailOn | None = None,
+        html: bool = True,
+        log_findings: bool = True,
     ) -> None:
         validate_task(task, num_classes)
         self.report_dir = None if report_dir is None else str(report_dir)
@@ -173,7 +184,11 @@ class Triage(Callback):
             NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
                             check_every_n_steps=numerics_check_every_n_steps, strict=strict),
         ]
-        self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
+        self.fail_on = fail_on
+        self.html = html
+        self.log_findings = log_findings
+        self.report = TriageReport(report_dir=report_dir, verbose=verbose, html=html,
+                                   log_findings=log_findings, fail_on=fail_on, strict=strict)
         self._callees_by_hook: dict[str, list[tuple[Callback, Callable[..., Any], bool]]] = {}
 
     @property

@@ -1,0 +1,59 @@
+"""Test helpers: assert that a triage report is clean, for smoke-test trainings in CI.
+
+Example:
+    >>> from lightning_triage.findings import Finding
+    >>> from lightning_triage.report import build_report
+    >>> ok = build_report([Finding.create("overfit.passed", "loss 0.01", check="OverfitBatchCheck")],
+    ...                   status="completed", run={})
+    >>> assert_no_findings(ok, severity="warning")
+    >>> bad = build_report([Finding.create("wiring.no_grad_params", "`enc.weight` got no gradient",
+    ...                                    check="GradientWiringCheck", global_step=0)],
+    ...                    status="completed", run={})
+    >>> assert_no_findings(bad)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    lightning_triage.report.TriageGateError: lightning-triage found 1 finding(s) at severity ...
+    - error wiring.no_grad_params (step 0): Trainable parameters got no gradient
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lightning_triage.report import FailOn, TriageGateError, find_report, load_report, problems_at
+
+
+def assert_no_findings(report: Mapping[str, Any] | str | os.PathLike[str] | Any,
+                       severity: FailOn = "warning", ignore: Iterable[str] = ()) -> None:
+    """Fail (raise :class:`~lightning_triage.report.TriageGateError`, an ``AssertionError``) when
+    ``report`` holds findings at ``severity`` or worse.
+
+    Args:
+        report: a report dict, a path to ``triage_report.json`` or to a directory holding one,
+            or a :class:`~lightning_triage.Triage` / :class:`~lightning_triage.TriageReport`
+            after ``fit``.
+        severity: ``"error"``, ``"warning"`` (default: errors and warnings) or ``"info"``.
+        ignore: finding codes to leave out (e.g. ``["data.class_imbalance"]``).
+    """
+    path = None
+    if isinstance(report, (str, os.PathLike)):
+        path = find_report(os.fspath(report))
+        data: Mapping[str, Any] = load_report(path)
+    elif isinstance(report, Mapping):
+        data = report
+    else:
+        holder = getattr(report, "report", None)
+        holder = getattr(holder, "report", holder)  # Triage -> TriageReport -> dict
+        if not isinstance(holder, Mapping):
+            raise TypeError(f"`report` must be a report dict, a path, or a Triage/TriageReport "
+                            f"after fit, got {type(report).__name__} without a report.")
+        data = holder
+    skip = set(ignore)
+    bad = [f for f in problems_at(data, severity) if f["code"] not in skip]
+    if bad:
+        raise TriageGateError(bad, severity, path)
+
+
+__all__ = ["assert_no_findings"]

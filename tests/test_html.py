@@ -1,0 +1,90 @@
+"""The HTML report: self-contained (no URL, no external file), holds every finding, embeds the
+plots with matplotlib and degrades to tables without it."""
+
+from __future__ import annotations
+
+import html
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_triage.html import render_html
+from lightning_triage.report import write_report
+from tests.report_samples import broken_report, healthy_report
+
+
+def external_references(page: str) -> list[str]:
+    """Every ``src``/``href``/``url(...)`` that is not an embedded ``data:`` URI, and any
+    ``http(s)://`` text."""
+    refs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", page, flags=re.I)
+    refs += re.findall(r"url\(([^)]*)\)", page, flags=re.I)
+    bad = [r for r in refs if not r.startswith("data:image/png;base64,")]
+    return bad + re.findall(r"https?://", page)
+
+
+def test_html_is_self_contained_and_holds_every_finding() -> None:
+    report = broken_report()
+    page = render_html(report)
+    assert page.startswith("<!DOCTYPE html>")
+    assert not external_references(page)
+    assert "<script" not in page.lower()
+    for f in report["findings"]:
+        assert f["code"] in page
+        assert html.escape(f["title"]) in page
+        assert html.escape(f["message"]).split("`")[0] in page
+    assert "Start here: <span class=\"code\">data.unnormalized_input</span>" in page
+    # the checklist lists the protocol in order
+    positions = [page.index(f"<b>{stage}</b>") for stage in
+                 ("data", "init", "wiring", "overfit", "structure", "mode", "curve", "grad",
+                  "numerics")]
+    assert positions == sorted(positions)
+    assert "explained by curve.diverging" in page.lower()
+    assert "Frames leading to the first non-finite value" in page
+    assert "net.1" in page  # a frame before the first bad module
+
+
+def test_html_embeds_the_plots() -> None:
+    pytest.importorskip("matplotlib")
+    page = render_html(broken_report())
+    images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    # loss curve, per-layer gradient heatmap, step-0 vs chance, first batch
+    assert len(images) == 4
+    assert all(len(i) > 1000 for i in images)
+    assert len(page) < 2_000_000
+
+
+def test_html_without_matplotlib_degrades_to_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    report = broken_report()
+    page = render_html(report)
+    assert "<img" not in page
+    assert "Plots need matplotlib" in page
+    assert "<h3>train_loss</h3>" in page and "<h3>grad_norm</h3>" in page
+    assert "nan/inf" in page  # the non-finite point of the diverging loss
+    for f in report["findings"]:
+        assert f["code"] in page
+    assert not external_references(page)
+
+
+def test_plots_false_gives_tables_too() -> None:
+    page = render_html(healthy_report(), plots=False)
+    assert "<img" not in page and "Verdict: no problems found." in page
+
+
+def test_write_report_writes_the_html_beside_the_json(tmp_path: Path) -> None:
+    paths = write_report(healthy_report(), tmp_path)
+    assert [p.name for p in paths] == ["triage_report.json", "triage_report.md",
+                                      "triage_report.html"]
+    assert "lightning-triage report" in paths[2].read_text()
+    assert [p.name for p in write_report(healthy_report(), tmp_path / "x", html=False)] == [
+        "triage_report.json", "triage_report.md"]
+
+
+def test_html_escapes_user_text() -> None:
+    report = healthy_report()
+    report["run"]["model"] = "<script>alert(1)</script>"
+    page = render_html(report, plots=False)
+    assert "<script>" not in page and "&lt;script&gt;" in page

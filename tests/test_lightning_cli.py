@@ -1,0 +1,91 @@
+"""LightningCLI: the README's YAML snippet and the shipped ``configs/triage.yaml`` run for real
+and write a report."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+pytest.importorskip("jsonargparse")
+
+import lightning.pytorch as pl
+from lightning.pytorch.cli import LightningCLI
+
+from lightning_triage import TriageGateError
+from lightning_triage.demo.digits import DigitsMLP, digits_loaders
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class CLIDigits(DigitsMLP):
+    """The demo MLP with typed arguments and saved hyperparameters, as a CLI model has."""
+
+    def __init__(self, lr: float = 0.1, logit_scale: float = 1.0) -> None:
+        super().__init__(lr=lr, logit_scale=logit_scale)
+        self.save_hyperparameters()
+
+
+class DigitsData(pl.LightningDataModule):
+    def __init__(self, batch_size: int = 32) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return digits_loaders()[0]
+
+    def val_dataloader(self) -> DataLoader:
+        return digits_loaders()[1]
+
+
+def readme_yaml() -> str:
+    text = (ROOT / "README.md").read_text()
+    [snippet] = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
+    return snippet
+
+
+def run_cli(tmp_path: Path, config: str, *extra: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    LightningCLI(
+        CLIDigits, DigitsData, args=[
+            "fit", f"--config={path}", f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.max_epochs=1", "--trainer.limit_train_batches=4",
+            "--trainer.limit_val_batches=2", "--trainer.num_sanity_val_steps=0",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+            "--trainer.enable_checkpointing=false", "--trainer.logger=false",
+            "--trainer.accelerator=cpu", *extra],
+        save_config_callback=None)
+
+
+def test_readme_yaml_snippet_runs_and_writes_a_report(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the snippet's report_dir is relative: runs/triage
+    run_cli(tmp_path, readme_yaml())
+    report = json.loads((tmp_path / "runs" / "triage" / "triage_report.json").read_text())
+    assert report["status"] == "completed"
+    assert report["run"]["hparams"] == {"lr": 0.1, "logit_scale": 1.0}
+    assert (tmp_path / "runs" / "triage" / "triage_report.html").exists()
+
+
+def test_shipped_config_gates_a_broken_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PL_GLOBAL_SEED")  # the config's `seed_everything: 0` sets it
+    config = (ROOT / "configs" / "triage.yaml").read_text()
+    with pytest.raises(TriageGateError, match=r"init\.loss_above_chance") as exc:
+        run_cli(tmp_path, config, "--model.logit_scale=100.0")
+    report_path = tmp_path / "runs" / "triage" / "triage_report.json"
+    assert exc.value.path is not None and exc.value.path.resolve() == report_path  # written first
+    report = json.loads(report_path.read_text())
+    assert report["run"]["seed"] == 0
+    assert "run.unseeded" not in {f["code"] for f in report["findings"]}
+
+
+def test_shipped_config_passes_a_healthy_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_cli(tmp_path, (ROOT / "configs" / "triage.yaml").read_text())
+    report = json.loads((tmp_path / "runs" / "triage" / "triage_report.json").read_text())
+    assert not [f for f in report["findings"] if f["severity"] == "error"]
