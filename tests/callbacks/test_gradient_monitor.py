@@ -91,7 +91,9 @@ def test_deep_sigmoid_mlp_vanishes(tmp_path: Path, seed: int) -> None:
 def test_deep_stack_initialized_too_large_explodes(tmp_path: Path, seed: int) -> None:
     pl.seed_everything(seed, verbose=False)
     cb = GradientMonitor(window_epochs=1, window_steps=20, strict=True)
-    fit(tmp_path, Net(deep(nn.ReLU, depth=10, gain=2.5), lr=0.01), [cb], seed=seed)
+    # lr 0.03 (at lr 0.01 SGD recovers on half the seeds): gradient norms in the thousands,
+    # overflowing at step 3 on seeds 0-2 (median before 3.6e4-2.4e5 under default kernels)
+    fit(tmp_path, Net(deep(nn.ReLU, depth=10, gain=2.5), lr=0.03), [cb], seed=seed)
     assert gcodes(cb)[0] == "grad.exploding"
     f = cb.findings[0]
     print("exploding", seed, f.global_step, f.evidence["median_before"])
