@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 LIGHTNING_VERSION := 2.6.6
 
-.PHONY: demo test lint typecheck unit docs venv clean
+.PHONY: demo test test-slow lint typecheck unit docs venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ docs: $(VENV)/.dev-installed
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 test: lint docs unit
+
+# the long real-trajectory tests on more seeds (left out of `make test`, see pyproject's addopts)
+test-slow: $(VENV)/.dev-installed
+	$(PY) -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -22,6 +23,13 @@ def make_trainer(tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> pl.Trai
     )
     defaults.update(kwargs)
     return pl.Trainer(callbacks=callbacks, **defaults)
+
+
+def seeds(n: int = 3) -> list[Any]:
+    """Seeds for a test on a free-running training trajectory: seed 0 in every run, seeds
+    1..n-1 in the slow lane (``make test-slow``). Its asserts hold with margins measured on all
+    of them, under ``ATEN_CPU_CAPABILITY=default``, ``avx2`` and the native kernels."""
+    return [0, *(pytest.param(s, marks=pytest.mark.slow, id=str(s)) for s in range(1, n))]
 
 
 def loader(*tensors: torch.Tensor, batch_size: int = 32, shuffle: bool = False) -> DataLoader:

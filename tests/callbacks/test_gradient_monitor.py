@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from lightning_triage import GradientMonitor, LossCurveMonitor
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
-from tests.helpers import loader, make_trainer
+from tests.helpers import loader, make_trainer, seeds
 
 
 class Net(pl.LightningModule):
@@ -51,8 +51,8 @@ def _seed() -> None:
 
 
 def fit(tmp_path: Path, model: pl.LightningModule, callbacks: list[Any], *, batch_size: int = 32,
-        **kwargs: Any) -> pl.Trainer:
-    pl.seed_everything(0, verbose=False)
+        seed: int = 0, **kwargs: Any) -> pl.Trainer:
+    pl.seed_everything(seed, verbose=False)
     train, _ = digits_loaders(batch_size=batch_size)
     defaults: dict[str, Any] = dict(limit_train_batches=15, max_epochs=2, limit_val_batches=0)
     defaults.update(kwargs)
@@ -65,30 +65,38 @@ def gcodes(cb: GradientMonitor) -> list[str]:
     return [f.code for f in cb.findings]
 
 
-def test_healthy_mlp_is_silent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", seeds())
+def test_healthy_mlp_is_silent(tmp_path: Path, seed: int) -> None:
+    pl.seed_everything(seed, verbose=False)
     cb = GradientMonitor(window_epochs=1, window_steps=20, strict=True)
-    fit(tmp_path, DigitsMLP(lr=0.1), [cb])
+    fit(tmp_path, DigitsMLP(lr=0.1), [cb], seed=seed)
     assert cb.findings == []
     assert cb.check_status()["status"] == "passed"
     assert len(cb.series()["grad_norm"]) == 30
 
 
-def test_deep_sigmoid_mlp_vanishes(tmp_path: Path) -> None:
-    pl.seed_everything(0, verbose=False)
+@pytest.mark.parametrize("seed", seeds())
+def test_deep_sigmoid_mlp_vanishes(tmp_path: Path, seed: int) -> None:
+    pl.seed_everything(seed, verbose=False)
     cb = GradientMonitor(window_epochs=1, window_steps=20, strict=True)
-    fit(tmp_path, Net(deep(nn.Sigmoid, depth=10)), [cb])
+    fit(tmp_path, Net(deep(nn.Sigmoid, depth=10)), [cb], seed=seed)
     assert "grad.vanishing" in gcodes(cb)
     f = next(f for f in cb.findings if f.code == "grad.vanishing")
+    print("vanishing ratio", seed, f.evidence["ratio"])
     assert f.layer == "net.0"
     assert f.evidence["ratio"] < 1e-3
 
 
-def test_deep_stack_initialized_too_large_explodes(tmp_path: Path) -> None:
-    pl.seed_everything(0, verbose=False)
+@pytest.mark.parametrize("seed", seeds())
+def test_deep_stack_initialized_too_large_explodes(tmp_path: Path, seed: int) -> None:
+    pl.seed_everything(seed, verbose=False)
     cb = GradientMonitor(window_epochs=1, window_steps=20, strict=True)
-    fit(tmp_path, Net(deep(nn.ReLU, depth=10, gain=2.5), lr=0.01), [cb])
+    # lr 0.03 (at lr 0.01 SGD recovers on half the seeds): gradient norms in the thousands,
+    # overflowing at step 3 on seeds 0-2 (median before 3.6e4-2.4e5 under default kernels)
+    fit(tmp_path, Net(deep(nn.ReLU, depth=10, gain=2.5), lr=0.03), [cb], seed=seed)
     assert gcodes(cb)[0] == "grad.exploding"
     f = cb.findings[0]
+    print("exploding", seed, f.global_step, f.evidence["median_before"])
     assert f.global_step is not None
     assert f.global_step < 10
     assert f.evidence["median_before"] > 1e3  # norms in the thousands before they overflowed
@@ -128,11 +136,13 @@ def lag_language(n: int = 2048, length: int = 32, lag: int = 8, seed: int = 0) -
 
 
 class RecurrentLM(pl.LightningModule):
-    """A tiny Elman RNN language model, plain SGD, no gradient clipping."""
+    """A tiny Elman RNN language model, plain SGD, no gradient clipping. At ``spike_step`` the
+    gradient reaching the logits is multiplied by ``spike``: a gradient spike at a known step,
+    whose SGD update then throws the loss up at the next steps."""
 
-    def __init__(self, lr: float) -> None:
+    def __init__(self, lr: float, spike_step: int = -1, spike: float = 1.0) -> None:
         super().__init__()
-        self.lr = lr
+        self.lr, self.spike_step, self.spike = lr, spike_step, spike
         self.emb = nn.Embedding(V, 64)
         self.rnn = nn.RNN(64, 64, batch_first=True)
         self.head = nn.Linear(64, V)
@@ -142,35 +152,41 @@ class RecurrentLM(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         x, y = batch
-        return F.cross_entropy(self(x).reshape(-1, V), y.reshape(-1))
+        logits = self(x)
+        if self.global_step == self.spike_step:
+            logits.register_hook(lambda g: g * self.spike)
+        return F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
-def test_recurrent_lm_explodes_after_the_window_grad_spike_first(tmp_path: Path) -> None:
-    """Plain SGD at lr 7, no clipping: the RNN learns for a few hundred steps, then a
-    gradient-norm spike throws the loss from ~3 to ~7 (long after the 100-step window)."""
-    pl.seed_everything(0, verbose=False)
-    x, y = lag_language()
-    loss_cb = LossCurveMonitor(window_epochs=0, window_steps=100, flush_every=25, strict=True)
-    grad_cb = GradientMonitor(window_epochs=0, window_steps=100, flush_every=25, strict=True)
-    trainer = make_trainer(tmp_path, [loss_cb, grad_cb], max_steps=480, max_epochs=-1,
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow),
+                                  pytest.param(2, marks=pytest.mark.slow)])
+def test_recurrent_lm_explodes_after_the_window_grad_spike_first(tmp_path: Path, seed: int) -> None:
+    """Plain SGD, no clipping: the RNN learns; at step 160, long after the 60-step window, its
+    gradient is blown up 300x (constructed, not left to a chaotic trajectory): the gradient
+    spike comes first, the loss spike at the next steps."""
+    pl.seed_everything(seed, verbose=False)
+    x, y = lag_language(n=1024, seed=seed)
+    loss_cb = LossCurveMonitor(window_epochs=0, window_steps=60, flush_every=20, strict=True)
+    grad_cb = GradientMonitor(window_epochs=0, window_steps=60, flush_every=20, strict=True)
+    trainer = make_trainer(tmp_path, [loss_cb, grad_cb], max_steps=200, max_epochs=-1,
                            limit_train_batches=None, limit_val_batches=0)
-    trainer.fit(RecurrentLM(lr=7.0), loader(x, y, batch_size=32, shuffle=True))
+    trainer.fit(RecurrentLM(lr=1.0, spike_step=160, spike=300.0),
+                loader(x, y, batch_size=32, shuffle=True))
     late_loss = [f for f in loss_cb.findings if f.evidence.get("after_window")]
     late_grad = [f for f in grad_cb.findings if f.evidence.get("after_window")]
     print([(f.code, f.global_step, f.evidence.get("ratio")) for f in late_loss + late_grad])
     loss_spikes = [f.global_step for f in late_loss if f.code == "curve.loss_spike"]
     grad_spikes = [f for f in late_grad if f.code == "grad.spike"]
-    assert loss_spikes
-    assert grad_spikes
-    followed = [g for g in grad_spikes if g.evidence["loss_spike_followed"]]
-    assert followed, [g.evidence for g in grad_spikes]
-    g = followed[0]
+    assert [g.global_step for g in grad_spikes][:1] == [160]
+    g = grad_spikes[0]
+    assert g.evidence["loss_spike_followed"], g.evidence
     # the gradient spike came first, the loss spike a few steps later, both after the window
-    assert g.global_step >= 100
-    assert any(g.global_step < s <= g.global_step + 5 for s in loss_spikes)
+    assert any(160 < s <= 165 for s in loss_spikes), loss_spikes
+    assert not [s for s in loss_spikes if s < 160]
+    assert g.evidence["ratio"] > 50
     assert g.evidence["suggested_clip"] is not None
     assert g.evidence["suggested_clip"] < g.evidence["norm"]
     assert g.layer is not None

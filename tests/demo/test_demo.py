@@ -21,6 +21,22 @@ def test_scenario_report_shows_what_it_demonstrates(tmp_path: Path, scenario: Sc
         assert not [f for f in report["findings"] if f["severity"] != "info"]
 
 
+# the scenarios whose claim rests on a free-running trajectory, checked on more seeds
+TRAJECTORY = [s for s in SCENARIOS if s.name in {"healthy", "lr-good", "lr-50", "log-softmax-loss"}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("scenario", TRAJECTORY, ids=[s.name for s in TRAJECTORY])
+def test_trajectory_scenarios_hold_on_other_seeds(tmp_path: Path, scenario: Scenario,
+                                                  seed: int) -> None:
+    report = run_scenario(scenario, tmp_path, Console(quiet=True), seed=seed)
+    assert report is not None
+    assert caught(scenario, report), (report["start_here"], [f["code"] for f in report["findings"]])
+    if scenario.expect is None:
+        assert not [f for f in report["findings"] if f["severity"] != "info"]
+
+
 def test_the_detached_encoder_is_named_and_leads_the_report(tmp_path: Path) -> None:
     scenario = next(s for s in SCENARIOS if s.name == "detached-encoder")
     report = run_scenario(scenario, tmp_path, Console(quiet=True))

@@ -8,6 +8,7 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from lightning_triage.functional.curve import classify_curve
 
 CHANCE = math.log(10)
 FIXTURE = Path(__file__).parents[1] / "data" / "curves.json"
+SEEDS_FIXTURE = Path(__file__).parents[1] / "data" / "curves_seeds.json"  # same cases, seeds 1-2
 SHAPES = ("diverging", "plateau_at_chance", "not_learning", "lr_too_low", "lr_too_high")
 
 
@@ -187,6 +189,31 @@ def test_labeled_curve(case: dict) -> None:
 def test_healthy_runs_stay_silent_mid_window(case: dict) -> None:
     for upto in range(20, len(case["train"]), 20):
         assert classify_case(case, final=False, upto=upto) == [], upto
+
+
+# Healthy runs of other seeds on which the thresholds (calibrated on seed 0) raise a false alarm,
+# measured 2026-12-03 (docs/curves.md): known, kept visible (strict: fixing one fails here).
+KNOWN_FALSE_ALARMS = {("regression_linear_sgd", 1): "overfitting",
+                      ("mlp_sgd_momentum_batch8", 2): "loss_spike"}
+
+
+def seed_cases() -> list[Any]:
+    out = []
+    for case in json.loads(SEEDS_FIXTURE.read_text())["cases"]:
+        known = KNOWN_FALSE_ALARMS.get((case["name"], case["seed"]))
+        marks = [pytest.mark.xfail(strict=True, reason=f"known false alarm: {known}")] if known else []
+        out.append(pytest.param(case, marks=marks, id=f"{case['name']}-seed{case['seed']}"))
+    return out
+
+
+@pytest.mark.parametrize("case", seed_cases())
+def test_labeled_curve_on_other_seeds(case: dict) -> None:
+    """Every broken run caught on seeds 1 and 2 too; healthy runs get ``healthy`` only."""
+    got = classify_case(case)
+    if case["label"] == "healthy":
+        assert got == ["healthy"], f"healthy run {case['name']} got {got}"
+    else:
+        assert case["label"] in got, f"{case['name']} ({case['label']}) got {got}"
 
 
 def test_labeled_set_covers_every_label_and_confusion_is_diagonal() -> None:

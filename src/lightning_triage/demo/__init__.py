@@ -86,11 +86,13 @@ SCENARIOS: list[Scenario] = [
 ]
 
 
-def run_scenario(scenario: Scenario, report_root: Path, console: Console) -> dict[str, Any] | None:
-    """Train one scenario with ``Triage()`` attached; return its report."""
+def run_scenario(scenario: Scenario, report_root: Path, console: Console,
+                 seed: int = 0) -> dict[str, Any] | None:
+    """Train one scenario with ``Triage()`` attached (everything seeded with ``seed``); return
+    its report."""
     console.rule(f"[bold]{scenario.name}[/bold]: {scenario.story}")
     console.print(f"expected: [bold]{scenario.expect or 'no problem'}[/bold]", highlight=False)
-    pl.seed_everything(0, verbose=False)
+    pl.seed_everything(seed, verbose=False)
     model, train, val = scenario.build()
     triage = Triage(report_dir=report_root / scenario.name, **scenario.triage_kwargs)
     trainer = pl.Trainer(
