@@ -394,6 +394,22 @@ _NOT_LEARNING_CAUSES = frozenset({
 _BLOW_UPS = frozenset({"curve.diverging", "numerics.nonfinite_loss",
                        "numerics.precision_overflow"})
 _SPIKES = frozenset({"curve.loss_spike", "grad.exploding", "grad.spike"})
+#: A module that turned inputs below this (largest ``|x|`` of the module outputs before it) into
+#: NaN/Inf overflowed by itself (an ``exp``, a division): the module, not the learning rate, is
+#: the cause of a divergence at that step.
+MODEST_INPUT = 1e4
+
+
+def _overflowed_by_itself(g: Finding) -> bool:
+    """Whether a localized non-finite finding overflowed from modest inputs (see
+    :data:`MODEST_INPUT`), or is a precision overflow (finite in float32)."""
+    if g.code == "numerics.precision_overflow":
+        return True
+    if g.code != "numerics.nonfinite_forward" or g.layer is None:
+        return False
+    frames = g.evidence.get("frames") or []
+    peaks = [float(fr.get("max_abs", 0.0)) for fr in frames if isinstance(fr, Mapping)]
+    return max(peaks, default=0.0) < MODEST_INPUT
 
 
 def _names_cause(f: Finding, causes: frozenset[str]) -> bool:
@@ -411,6 +427,11 @@ def _explainers(f: Finding, findings: Sequence[Finding]) -> list[str]:
     elif f.code == "curve.not_learning":
         found = [g for g in others if _names_cause(g, _NOT_LEARNING_CAUSES)
                  and (g.code != "grad.update_ratio" or g.evidence.get("direction") == "below")]
+    elif f.code == "curve.lr_too_low":
+        found = [g for g in others if g.is_problem and g.code == "grad.vanishing"]
+    elif f.code == "curve.diverging" and f.global_step is not None:
+        found = [g for g in others if g.is_problem and g.global_step == f.global_step
+                 and _overflowed_by_itself(g)]
     elif f.code in _SPIKES and f.global_step is not None:
         found = [g for g in others if _names_cause(g, _BLOW_UPS) and g.global_step is not None
                  and 0 <= g.global_step - f.global_step <= SPIKE_WINDOW
@@ -443,6 +464,12 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
     - ``curve.loss_spike``, ``grad.exploding``, ``grad.spike``: explained by a blow-up (a
       localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
       same step or at most :data:`SPIKE_WINDOW` steps later.
+    - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
+      whatever the learning rate).
+    - ``curve.diverging``: explained, at its non-finite step, by ``numerics.precision_overflow``
+      or by a ``numerics.nonfinite_forward`` whose module overflowed from modest inputs (the
+      outputs before it all below :data:`MODEST_INPUT`): an ``exp`` or a division, not weights
+      grown by the learning rate.
 
     Every other finding is a cause or context and is never explained. Explanations are one
     level deep and do not chain; the function is idempotent.
