@@ -373,6 +373,7 @@ SPIKE_WINDOW = 10
 # explained by another finding; the symptoms below are explained by the causes present.
 _OVERFIT_CAUSES = frozenset({
     "data.nonfinite_input", "data.nonfinite_target", "data.unnormalized_input",
+    "data.tiny_input_scale",
     "data.constant_input", "data.target_out_of_range",
     "init.loss_above_chance",
     "wiring.no_grad_params", "wiring.zero_grad_params", "wiring.loss_detached",
@@ -384,7 +385,7 @@ _OVERFIT_CAUSES = frozenset({
     "numerics.nonfinite_loss", "numerics.precision_overflow",
 })
 _NOT_LEARNING_CAUSES = frozenset({
-    "data.constant_input", "data.nonfinite_input", "data.nonfinite_target",
+    "data.constant_input", "data.tiny_input_scale", "data.nonfinite_input", "data.nonfinite_target",
     "wiring.no_grad_params", "wiring.zero_grad_params", "wiring.loss_detached",
     "wiring.params_not_in_optimizer",
     "grad.vanishing", "grad.update_ratio",
@@ -428,7 +429,8 @@ def _explainers(f: Finding, findings: Sequence[Finding]) -> list[str]:
         found = [g for g in others if _names_cause(g, _NOT_LEARNING_CAUSES)
                  and (g.code != "grad.update_ratio" or g.evidence.get("direction") == "below")]
     elif f.code == "curve.lr_too_low":
-        found = [g for g in others if g.is_problem and g.code == "grad.vanishing"]
+        found = [g for g in others if g.is_problem
+                 and g.code in ("grad.vanishing", "data.tiny_input_scale")]
     elif f.code == "curve.diverging" and f.global_step is not None:
         found = [g for g in others if g.is_problem and g.global_step == f.global_step
                  and _overflowed_by_itself(g)]
@@ -465,7 +467,8 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
       localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
       same step or at most :data:`SPIKE_WINDOW` steps later.
     - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
-      whatever the learning rate).
+      whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move
+      the first layer).
     - ``curve.diverging``: explained, at its non-finite step, by ``numerics.precision_overflow``
       or by a ``numerics.nonfinite_forward`` whose module overflowed from modest inputs (the
       outputs before it all below :data:`MODEST_INPUT`): an ``exp`` or a division, not weights
@@ -493,7 +496,8 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
         message = f.message.split(_EXPLAINED_PREFIX, 1)[0].rstrip()
         if codes:
             named = ", ".join(f"`{c}`" for c in codes)
-            message = f"{message}{_EXPLAINED_PREFIX}{named}: fix {'that' if len(codes) == 1 else 'those'} first."
+            which = "that" if len(codes) == 1 else "those"
+            message = f"{message}{_EXPLAINED_PREFIX}{named}: fix {which} first."
         out.append(replace(f, explained_by=codes, message=message))
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +71,6 @@ def test_small_validation_set_drift_is_not_overfitting(tmp_path: Path, seed: int
     assert "curve.overfitting" not in {f["code"] for f in report["findings"]}
 
 
-class Memorizer(WineMLP):
-    """A wide MLP trained far too long at a high learning rate on 40 examples with noisy labels:
-    real overfitting, the validation loss climbs by multiples."""
-
-
 def test_real_overfitting_is_still_caught(tmp_path: Path) -> None:
     from sklearn.datasets import load_digits
 
@@ -99,3 +95,94 @@ def test_real_overfitting_is_still_caught(tmp_path: Path) -> None:
     assert over[0].evidence["val_examples"] == 400
     rise = over[0].evidence["val"] - over[0].evidence["best_val"]
     assert rise > 2 * over[0].evidence["standard_error"]
+
+
+def _fit_inputs(tmp_path: Path, x: Tensor, y: Tensor, classes: int, lr: float = 0.1,
+                epochs: int = 1) -> dict[str, Any]:
+    """Fit a small MLP on ``(x, y)`` with `Triage()` (default arguments) and return the report."""
+    n_train = int(0.8 * len(x))
+    train = DataLoader(TensorDataset(x[:n_train], y[:n_train]), batch_size=32, shuffle=True,
+                       generator=torch.Generator().manual_seed(0))
+    val = DataLoader(TensorDataset(x[n_train:], y[n_train:]), batch_size=128)
+    features = x[0].numel()
+
+    class Net(WineMLP):
+        def __init__(self) -> None:
+            super().__init__(lr=lr)
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(features, 32), nn.ReLU(),
+                                     nn.Linear(32, classes))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    triage = Triage(report_dir=tmp_path, verbose=False, strict=True, overfit=False)
+    trainer = make_trainer(tmp_path, [triage], max_epochs=epochs, limit_train_batches=None,
+                           limit_val_batches=None)
+    trainer.fit(Net(), train, val)
+    assert triage.report.report is not None
+    return triage.report.report
+
+
+def _digits_pixels() -> tuple[Tensor, Tensor]:
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    perm = torch.randperm(len(data.target), generator=torch.Generator().manual_seed(0))
+    x = torch.tensor(data.data, dtype=torch.float32)[perm]
+    return x, torch.tensor(data.target, dtype=torch.long)[perm]
+
+
+@pytest.mark.parametrize("image", [False, True], ids=["flat", "image"])
+def test_pixels_divided_by_their_range_twice_lead_the_report(tmp_path: Path, image: bool) -> None:
+    x, y = _digits_pixels()
+    x = x / 16 / 16  # scaled to [0, 1], then again: rms ~0.03
+    if image:
+        x = x.view(-1, 1, 8, 8)
+    report = _fit_inputs(tmp_path, x, y, 10)
+    assert report["start_here"] == "data.tiny_input_scale", report["findings"]
+    lead = next(f for f in report["findings"] if f["code"] == "data.tiny_input_scale")
+    assert 0.02 < lead["evidence"]["rms"] < 0.05
+    assert lead["evidence"]["max"] == pytest.approx(1 / 16)
+    assert "data.unnormalized_input" not in {f["code"] for f in report["findings"]}
+
+
+def _waveforms(n: int = 480, length: int = 800) -> tuple[Tensor, Tensor]:
+    """Three classes of short signed waveforms (a tone's pitch), quiet as raw audio is (rms
+    ~0.03, peaks ~0.1-0.2)."""
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (n,), generator=gen)
+    t = torch.arange(length) / 8000.0
+    freq = torch.tensor([220.0, 440.0, 880.0])[y]
+    phase = 2 * math.pi * torch.rand(n, 1, generator=gen)
+    amp = 0.03 + 0.03 * torch.rand(n, 1, generator=gen)
+    x = amp * torch.sin(2 * math.pi * freq[:, None] * t + phase)
+    return x + 0.005 * torch.randn(n, length, generator=gen), y
+
+
+@pytest.mark.parametrize("case", ["audio", "diabetes", "iris-metres", "pixels-0-1"])
+def test_small_raw_scales_that_are_normal_are_not_flagged(tmp_path: Path, case: str) -> None:
+    from sklearn.datasets import load_diabetes, load_iris
+
+    if case == "audio":
+        x, y = _waveforms()
+        classes = 3
+    elif case == "diabetes":  # scikit-learn's own scaling: centered, rms 0.048
+        d = load_diabetes()
+        x = torch.tensor(d.data, dtype=torch.float32)
+        y = (torch.tensor(d.target) > float(torch.tensor(d.target).median())).long()
+        classes = 2
+    elif case == "iris-metres":  # non-negative, all below 0.08, but 4 tabular measurements
+        d = load_iris()
+        perm = torch.randperm(150, generator=torch.Generator().manual_seed(0))
+        x = torch.tensor(d.data, dtype=torch.float32)[perm] / 100
+        y = torch.tensor(d.target, dtype=torch.long)[perm]
+        classes = 3
+    else:
+        x, y = _digits_pixels()
+        x, classes = x / 16, 10
+    rms = float(x.pow(2).mean().sqrt())
+    assert rms < (1.0 if case == "pixels-0-1" else 0.06)
+    report = _fit_inputs(tmp_path, x, y, classes)
+    data_codes = {f["code"] for f in report["findings"] if f["code"].startswith("data.")}
+    assert "data.tiny_input_scale" not in data_codes
+    assert "data.unnormalized_input" not in data_codes
