@@ -22,8 +22,9 @@ import lightning.pytorch as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning_triage import Triage  # noqa: E402
-from tests.scenarios.healthy import HEALTHY  # noqa: E402
+from tests.scenarios.healthy import HEALTHY
+
+from lightning_triage import Triage
 
 
 def main() -> int:
@@ -59,7 +60,7 @@ def main() -> int:
     for code, count in sorted(per_code.items()):
         print(f"| `{code}` | {count} / {runs} | {count / runs:.1%} |")
     if not per_code:
-        print("| (any) | 0 / {0} | 0% |".format(runs))
+        print(f"| (any) | 0 / {runs} | 0% |")
     return 0
 
 

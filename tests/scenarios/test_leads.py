@@ -32,6 +32,9 @@ EXPECTED_LEAD = {
 }
 
 
+SYMPTOMS = {"overfit.failed", "curve.not_learning", "curve.loss_spike", "grad.exploding"}
+
+
 def test_every_scenario_has_an_expected_lead() -> None:
     names = [s.name for s in (*SCENARIOS, *CAUSE_SCENARIOS)]
     assert sorted(names) == sorted(EXPECTED_LEAD)
@@ -52,10 +55,18 @@ def test_report_leads_with_the_cause_and_explains_the_symptom(tmp_path: Path,
     assert report["start_here"] == EXPECTED_LEAD[scenario.name], codes
     lead = next(f for f in report["findings"] if f["code"] == report["start_here"])
     assert lead["explained_by"] == []
-    # the probe's failure (the symptom of every row of the table) names the cause
-    failed = next(f for f in report["findings"] if f["code"] == "overfit.failed")
-    assert scenario.expect in failed["explained_by"], codes
-    assert f"`{scenario.expect}`" in failed["message"]
+    # the probe's failure (the symptom of the table's rows) names the cause. With the batch-axis
+    # softmax the probed examples' logits may all be right while the loss sits on a floor: the
+    # probe then reports memorization (no symptom); otherwise it fails and is explained.
+    failed = [f for f in report["findings"] if f["code"] == "overfit.failed"]
+    if scenario.name != "batch-softmax" or failed:
+        assert len(failed) == 1, codes
+        assert scenario.expect in failed[0]["explained_by"], codes
+        assert f"`{scenario.expect}`" in failed[0]["message"]
+    # every symptom present is explained by a finding of this report
+    for f in report["findings"]:
+        if f["code"] in SYMPTOMS and f["severity"] != "info":
+            assert f["explained_by"], (f["code"], codes)
     # nothing that leads is explained; everything explained names findings of this report
     present = {f["code"] for f in report["findings"]}
     for f in report["findings"]:

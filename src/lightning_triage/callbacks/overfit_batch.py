@@ -561,7 +561,8 @@ class OverfitBatchCheck(TriageCallback):
                 f"loss bounded away from zero: it stopped at {verdict.best:.4g} with gradients "
                 "reaching every parameter (a softmax/sigmoid before a loss that applies its own, "
                 "label smoothing or a regularization term in the loss, targets that contradict "
-                "each other, or a model too small or too constrained)")
+                "each other, or a model too small or too constrained; see `structure.batch_mixing`, "
+                "`structure.shape_mismatch`, `grad.vanishing`)")
         return causes
 
     def _failed(self, trainer: pl.Trainer, run: ProbeRun, causes: list[str],
