@@ -56,7 +56,7 @@ class WineMLP(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_small_validation_set_drift_is_not_overfitting(tmp_path: Path, seed: int) -> None:
     """Wine: 140 training and 38 validation examples, MLP, Adam 3e-3, 15 epochs. The late rise
     of the validation loss is inside the noise of a mean over 38 examples."""
