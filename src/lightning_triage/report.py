@@ -12,7 +12,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning_triage.findings import SEVERITIES, Finding, sort_findings, start_here
+from lightning_triage.findings import (
+    SEVERITIES,
+    Finding,
+    explain_findings,
+    sort_findings,
+    start_here,
+)
 
 SCHEMA_ID = "lightning-triage/report/1"
 ReportStatus = Literal["completed", "interrupted", "crashed"]
@@ -39,6 +45,9 @@ _FINDING_SCHEMA: dict[str, Any] = {
         "layer": {"type": ["string", "null"]},
         "evidence": {"type": "object"},
         "check": {"type": "string"},
+        # codes of the findings that explain this one (a symptom); empty for a cause. Optional:
+        # reports written before it was added stay valid.
+        "explained_by": {"type": "array", "items": {"type": "string"}},
     },
 }
 
@@ -112,7 +121,9 @@ def build_report(
     series: Mapping[str, Sequence[Sequence[float]]] | None = None,
     details: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the report dict: findings sorted by stage then step, ``start_here`` computed.
+    """Assemble the report dict: findings sorted by stage then step, each symptom's
+    ``explained_by`` set (:func:`~lightning_triage.findings.explain_findings`), ``start_here``
+    computed (cause before symptom, then protocol order).
 
     ``details`` (optional, JSON-ready, bounded) holds what the HTML report draws beyond the
     series: ``first_batch``, ``grad_layers``, ``initial_loss``, ``chance``.
@@ -124,7 +135,7 @@ def build_report(
         >>> report["start_here"], report["schema"]
         ('init.loss_above_chance', 'lightning-triage/report/1')
     """
-    ordered = sort_findings(findings)
+    ordered = sort_findings(explain_findings(findings))
     return {
         "schema": SCHEMA_ID,
         "status": status,

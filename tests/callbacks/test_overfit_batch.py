@@ -285,3 +285,50 @@ def test_triage_arguments_are_validated_and_forwarded() -> None:
     assert names.index("InitialLossCheck") < names.index("GradientWiringCheck") \
         < names.index("OverfitBatchCheck") < names.index("EvalModeCheck")
     assert "OverfitBatchCheck" not in [type(c).__name__ for c in Triage(overfit=False).checks]
+
+
+class LabelSmoothing(Classifier):
+    """A healthy classifier trained with label smoothing 0.2: for 10 classes its loss cannot go
+    below ~0.87, far above the probe's near-zero target."""
+
+    def loss(self, batch: Any) -> Any:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y, label_smoothing=0.2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_label_smoothing_is_memorized_down_to_its_floor(tmp_path: Path, seed: int) -> None:
+    torch.manual_seed(seed)
+    check = OverfitBatchCheck(max_steps=300, time_budget=60.0, strict=True)
+    trainer = make_trainer(tmp_path, [check])
+    trainer.fit(LabelSmoothing(lr=0.2), *digits())
+    f = the(check, "overfit.passed")
+    assert stage_codes(check.findings, "overfit") == {"overfit.passed"}
+    assert f.evidence["reason"] == "memorized_floor"
+    assert f.evidence["all_predictions_right"] is True
+    # the floor of label smoothing 0.2 over 10 classes: 0.18 * ln(0.02 / 0.82)... about 0.87
+    assert 0.8 < f.evidence["best"] < 1.0
+    assert "floor" in f.message
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_double_softmax_has_its_own_code_and_explains_the_failure(tmp_path: Path,
+                                                                 optimizer: str) -> None:
+    torch.manual_seed(0)
+    triage = Triage(report_dir=tmp_path / "r", strict=True, verbose=False, overfit_budget=60.0)
+    lr = 0.05 if optimizer == "sgd" else 1e-3
+    make_trainer(tmp_path, [triage]).fit(DoubleSoftmax(lr=lr, optimizer=optimizer), *digits())
+    report = triage.report.report
+    codes = {f["code"]: f for f in report["findings"]}
+    assert "overfit.loss_on_probabilities" in codes
+    assert codes["overfit.loss_on_probabilities"]["evidence"]["floor"] == pytest.approx(1.4612,
+                                                                                        abs=1e-3)
+    assert report["start_here"] == "overfit.loss_on_probabilities"
+    if "overfit.failed" in codes:  # the probe failing is the symptom of it
+        assert codes["overfit.failed"]["explained_by"] == ["overfit.loss_on_probabilities"]
+
+
+def test_healthy_and_label_smoothing_runs_raise_no_probability_finding(tmp_path: Path) -> None:
+    for model in (Classifier(lr=0.05), LabelSmoothing(lr=0.2)):
+        check = fit_overfit(tmp_path, model)
+        assert "overfit.loss_on_probabilities" not in {f.code for f in check.findings}

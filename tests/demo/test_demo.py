@@ -17,6 +17,8 @@ def test_scenario_report_shows_what_it_demonstrates(tmp_path: Path, scenario: Sc
     report = run_scenario(scenario, tmp_path, Console(quiet=True))
     assert report is not None
     assert caught(scenario, report), (report["start_here"], [f["code"] for f in report["findings"]])
+    # cause before symptom: what the scenario demonstrates is also where the report starts
+    assert report["start_here"] == scenario.expect, [f["code"] for f in report["findings"]]
     if scenario.expect is None:
         assert not [f for f in report["findings"] if f["severity"] != "info"]
 

@@ -233,3 +233,28 @@ if __name__ == "__main__":  # print the confusion table for docs/curves.md
     print("|---" * (len(labels) + 1) + "|")
     for a in labels:
         print(f"| {a} | " + " | ".join(str(table.get((a, p), "")) for p in labels) + " |")
+
+
+def test_validation_rise_inside_the_noise_of_a_small_validation_set_is_not_overfitting() -> None:
+    # issue 14's wine run: validation 0.202 -> 0.234 over 38 examples while training falls
+    x = 1.0 * np.exp(-np.arange(135) / 25) + 0.039 + noise(135, 0.003)
+    vals = [0.6, 0.35, 0.25, 0.21, 0.202, 0.205, 0.225, 0.229, 0.234]
+    val = [(14 + 15 * i, v) for i, v in enumerate(vals)]
+    # without the size of the validation set: the old rule (a 16% rise) fires
+    assert "overfitting" in {c for c, _ in codes(classify_curve(x, val=val, chance=1.0986))}
+    # 38 examples: the standard error of the mean is ~0.202 / sqrt(38) = 0.033 > the rise 0.032
+    out = classify_curve(x, val=val, chance=1.0986, val_examples=38)
+    assert "overfitting" not in {c for c, _ in codes(out)}
+    # the same rise measured on 2,000 examples is significant (SE 0.0045): overfitting
+    out = classify_curve(x, val=val, chance=1.0986, val_examples=2000)
+    over = next(v for v in out if v.code == "curve.overfitting")
+    assert over.evidence["standard_error"] == pytest.approx(0.202 / math.sqrt(2000))
+    assert over.evidence["val_examples"] == 2000
+
+
+def test_real_overfitting_on_a_small_validation_set_is_still_caught() -> None:
+    x = 2.0 * np.exp(-np.arange(200) / 30) + 0.01 + noise(200, 0.005)
+    vals = [1.5, 1.0, 0.7, 0.6, 0.75, 0.95, 1.2, 1.5]  # the validation loss more than doubles
+    val = [(19 + 20 * i, v) for i, v in enumerate(vals)]
+    out = classify_curve(x, val=val, chance=CHANCE, val_examples=38)
+    assert "overfitting" in {c for c, _ in codes(out)}

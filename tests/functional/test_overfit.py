@@ -12,8 +12,10 @@ import torch
 from lightning_triage.functional.overfit import (
     batch_size_of,
     judge_curve,
+    judge_memorization,
     near_zero_target,
     plateaued,
+    predictions_right,
     probability_floor,
     slice_batch,
 )
@@ -80,3 +82,27 @@ def test_plateau_needs_a_slowdown() -> None:
 def test_near_zero_target() -> None:
     assert near_zero_target(33.0, math.log(10)) == pytest.approx(0.05 * math.log(10))
     assert near_zero_target(0.5, None, tolerance=0.1) == pytest.approx(0.05)
+
+
+def test_predictions_right_handles_classes_last_or_first_and_ignore_index() -> None:
+    logits = torch.tensor([[3.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
+    assert predictions_right(logits, torch.tensor([0, 2])) is True
+    assert predictions_right(logits, torch.tensor([0, 1])) is False
+    assert predictions_right(logits, torch.tensor([0, -100])) is True  # ignored position
+    assert predictions_right(logits, torch.tensor([-100, -100])) is None
+    seq = torch.zeros(2, 3, 4)  # (N, C, L): classes on dim 1
+    seq[:, 1] = 1.0
+    assert predictions_right(seq, torch.ones(2, 4, dtype=torch.long), class_dim=1) is True
+    assert predictions_right(logits, torch.tensor([0.0, 2.0])) is None  # regression targets
+    assert predictions_right(torch.tensor([[float("nan"), 0.0]]), torch.tensor([0])) is None
+
+
+def test_judge_memorization_turns_only_a_plateau_or_floor_into_a_pass() -> None:
+    rising = judge_curve([2.3] * 5 + [4.0] * 20, target=0.1, steps_allowed=300)
+    assert rising.reason == "rising"
+    assert judge_memorization(rising, True) == rising
+    nan = judge_curve([2.3, float("nan")], target=0.1, steps_allowed=300)
+    assert judge_memorization(nan, True) == nan
+    floor = judge_curve([2.3, 1.8, 1.6, 1.5], target=0.115, steps_allowed=300, floor=1.46)
+    assert judge_memorization(floor, True).reason == "memorized_floor"
+    assert judge_memorization(floor, None) == floor

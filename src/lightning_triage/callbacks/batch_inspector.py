@@ -27,6 +27,7 @@ from lightning_triage.functional.data import (
     constant_across_batch,
     duplicate_stats,
     example_fingerprints,
+    far_below_unit_scale,
     first_nonfinite_example,
     flat_features,
     input_shift,
@@ -441,6 +442,18 @@ class BatchInspector(TriageCallback):
     def _scale(self, trainer: pl.Trainer, s: TensorSummary, where: str, batch_idx: int,
                step: int) -> None:
         verdict = scale_verdict(s, self.max_rms)
+        if verdict is None and far_below_unit_scale(s) and self._once("tiny_input_scale"):
+            self.add_finding(
+                trainer, "data.tiny_input_scale",
+                f"{where} (step {step}): float input `{s.name}` ({s.dtype} {tuple(s.shape)}) is "
+                f"non-negative with values in [{_fmt(s.min)}, {_fmt(s.max)}] and root mean "
+                f"square {_fmt(s.rms)}: every value is far below unit scale (images divided by "
+                "their range twice?). Standardize with the training set's mean and std, or "
+                "scale pixels to [0, 1] once.",
+                evidence={"tensor": s.name, "batch_idx": batch_idx, "min": s.min, "max": s.max,
+                          "mean": s.mean, "std": s.std, "rms": s.rms},
+                global_step=step,
+            )
         if verdict is None or not self._once("unnormalized"):
             return
         detail = (f"values in [{_fmt(s.min)}, {_fmt(s.max)}], mean {_fmt(s.mean)}, std "

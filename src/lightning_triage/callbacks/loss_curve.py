@@ -36,6 +36,7 @@ from lightning_triage.functional.chance import (
 )
 from lightning_triage.functional.curve import CurveThresholds, CurveVerdict, classify_curve
 from lightning_triage.functional.hooks import HeadCapture
+from lightning_triage.functional.overfit import batch_size_of
 from lightning_triage.functional.series import BoundedSeries
 from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
 from lightning_triage.probing import step_loss
@@ -142,6 +143,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self.train: list[float] = []
         self.train_steps: list[int] = []
         self.val: list[tuple[int, float]] = []
+        self.val_examples = 0  # examples in one validation run (the overfitting test's noise)
         self.watcher: SpikeWatch | None = None
         self.train_series = BoundedSeries(self.max_points)
         self.val_series = BoundedSeries(self.max_points)
@@ -249,7 +251,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             else None
         return classify_curve(self.train, steps=self.train_steps, val=self.val,
                               chance=self._scale(), prior=prior, final=final,
-                              thresholds=self.thresholds)
+                              thresholds=self.thresholds, val_examples=self.val_examples or None)
 
     def _close_window(self, trainer: pl.Trainer, complete: bool = True) -> None:
         verdicts = self._classify(final=True)
@@ -323,6 +325,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     @guarded
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_sum, self._val_n = None, 0
+        self._val_count = 0
 
     @override
     @guarded
@@ -331,6 +334,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                                 dataloader_idx: int = 0) -> None:
         if trainer.sanity_checking or dataloader_idx != 0:
             return
+        self._val_count = getattr(self, "_val_count", 0) + (batch_size_of(batch) or 0)
         loss = step_loss(outputs)
         if loss is not None:
             loss = loss.detach().float()
@@ -361,6 +365,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             value = self._val_from_metrics(trainer)
         self._val_sum, self._val_n = None, 0
         self._val_runs += 1
+        self.val_examples = getattr(self, "_val_count", 0) or self.val_examples
         if value is None:
             return
         step = trainer.global_step - 1
@@ -460,6 +465,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         return {
             "window_closed": self.window_closed, "train": list(self.train),
             "train_steps": list(self.train_steps), "val": [list(v) for v in self.val],
+            "val_examples": self.val_examples,
             "chance": None if self.chance is None else vars(self.chance),
             "watcher": None if self.watcher is None else self.watcher.state_dict(),
             "train_series": self.train_series.state_dict(),
@@ -476,6 +482,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self.train = [float(v) for v in state.get("train", [])]
         self.train_steps = [int(s) for s in state.get("train_steps", [])]
         self.val = [(int(s), float(v)) for s, v in state.get("val", [])]
+        self.val_examples = int(state.get("val_examples", 0))
         chance = state.get("chance")
         self.chance = None if chance is None else ChanceLevel(**chance)
         if state.get("watcher") is not None:

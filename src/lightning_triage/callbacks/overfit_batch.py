@@ -30,8 +30,10 @@ from lightning_triage.functional.overfit import (
     OverfitVerdict,
     batch_size_of,
     judge_curve,
+    judge_memorization,
     near_zero_target,
     plateaued,
+    predictions_right,
     probability_floor,
     slice_batch,
 )
@@ -138,6 +140,9 @@ class ProbeRun:
     chance: float | None = None
     chance_text: str = ""
     floor: float | None = None
+    targets: Tensor | None = None
+    class_dim: int = -1
+    all_right: bool | None = None
     detached: bool = False
     stopped: str = ""
     #: `training_step` calls the probe made (on the copy, or in place)
@@ -340,8 +345,8 @@ class OverfitBatchCheck(TriageCallback):
             captured = None
             try:
                 with ExitStack() as stack:
-                    captured = stack.enter_context(capture_last_output(pl_module)) \
-                        if step == 0 else None
+                    captured = stack.enter_context(capture_last_output(pl_module)) if (
+                        step == 0 or (step + 1) % PLATEAU_EVERY == 0) else None
                     stack.enter_context(trainer.precision_plugin.train_step_context())
                     stack.enter_context(user_code())
                     run.calls += 1
@@ -365,6 +370,10 @@ class OverfitBatchCheck(TriageCallback):
                 run.losses.append(value)
                 if step == 0:
                     self._reference(run, value, batch, captured.output if captured else None)
+                if captured is not None and captured.output is not None and \
+                        run.targets is not None:  # judged by its predictions at a plateau
+                    run.all_right = predictions_right(captured.output, run.targets, run.class_dim,
+                                                      IGNORE_INDEX)
                 if not math.isfinite(value) or value <= run.target:
                     stop = "done"
             if self._stop_everywhere(trainer, run, stop):
@@ -439,6 +448,7 @@ class OverfitBatchCheck(TriageCallback):
         run.target = near_zero_target(start, reference, self.tolerance)
         if output is not None and targets is not None and task in ("multiclass", "sequence"):
             class_dim = -1 if tuple(output.shape[:-1]) == tuple(targets.shape) else 1
+            run.targets, run.class_dim = targets, class_dim
             floor = probability_floor(output, class_dim)
             if floor is not None and self._matches_cross_entropy(output, targets, class_dim,
                                                                  start):
@@ -501,12 +511,36 @@ class OverfitBatchCheck(TriageCallback):
                       "`grad_fn`, so nothing can be trained (see `wiring.loss_detached`)"]
             self._failed(trainer, run, causes, evidence, cost, opt_text)
             return
-        verdict = judge_curve(losses, run.target, self.max_steps, floor=run.floor)
+        verdict = judge_memorization(judge_curve(losses, run.target, self.max_steps,
+                                                 floor=run.floor), run.all_right)
         self.verdict = verdict
         evidence.update(best=verdict.best, final=verdict.final, reason=verdict.reason,
-                        floor=run.floor)
+                        floor=run.floor, all_predictions_right=run.all_right)
         target_text = (f"{run.target:.3g} ({self.tolerance:g}x chance {run.chance_text})"
                        if run.chance else f"{run.target:.3g} ({self.tolerance:g}x the start)")
+        if run.floor is not None:
+            self.add_finding(
+                trainer, "overfit.loss_on_probabilities",
+                f"The model's outputs on the probed batch are already probabilities (in [0, 1], "
+                f"summing to 1 over the classes) and the step-0 loss equals `F.cross_entropy` "
+                f"of them taken as logits: the loss applies its own log-softmax and cannot go "
+                f"below {run.floor:.3f} (the probe's best: {verdict.best:.4g}); its gradients "
+                "are squashed too.",
+                evidence={"floor": run.floor, "best": verdict.best, "start": verdict.start},
+                global_step=0)
+        if verdict.verdict == "passed" and verdict.reason == "memorized_floor":
+            self.mark_ran(f"passed: every probed example predicted right; loss {verdict.start:.4g}"
+                          f" -> {verdict.best:.4g}, a floor ({cost}, {opt_text})")
+            self.add_finding(
+                trainer, "overfit.passed",
+                f"Memorized {run.examples} examples of the first batch: every one is predicted "
+                f"right after {len(losses)} steps ({run.seconds:.2f} s, {opt_text}), and the loss "
+                f"settled on a plateau at {verdict.best:.4g} (from {verdict.start:.4g}), above the "
+                f"target {target_text}: the loss has a floor (label smoothing, a regularization "
+                "term), which is not a failure to learn.",
+                evidence=evidence, global_step=0,
+            )
+            return
         if verdict.verdict == "passed":
             self.mark_ran(f"passed: loss {verdict.start:.4g} -> {verdict.best:.4g} on "
                           f"{run.examples} examples ({cost}, {opt_text})")
@@ -538,13 +572,15 @@ class OverfitBatchCheck(TriageCallback):
         if verdict.reason == "nonfinite":
             bad = next(i for i, v in enumerate(run.losses) if not math.isfinite(v))
             causes.append(f"the loss became {run.losses[bad]} at probe step {bad}: unstable "
-                          "numerics or a learning rate too high (see the `numerics.*` findings)")
+                          "numerics or a learning rate too high (see `numerics.nonfinite_forward`"
+                          ", `numerics.nonfinite_loss`, `curve.diverging`)")
         if run.floor is not None and verdict.reason in ("floor", "plateau", "max_steps"):
             causes.append(
                 f"loss bounded away from zero: the model's outputs are probabilities (in [0, 1], "
                 f"summing to 1) and the loss is cross-entropy over them, which applies its own "
                 f"softmax and cannot go below {run.floor:.3f}; remove the softmax in the model "
-                "and pass logits to `F.cross_entropy` (or use `F.nll_loss(torch.log(p), y)`)")
+                "and pass logits to `F.cross_entropy` (or use `F.nll_loss(torch.log(p), y)`; see "
+                "`overfit.loss_on_probabilities`)")
         if run.no_grad:
             causes.append(f"broken gradient path: {describe_groups(run.no_grad)} got no "
                           "gradient (see `wiring.no_grad_params`)")
@@ -557,22 +593,26 @@ class OverfitBatchCheck(TriageCallback):
                           "`requires_grad=False` (see `wiring.frozen_params`)")
         if verdict.reason == "rising":
             causes.append(f"the loss rose ({verdict.start:.4g} -> {verdict.final:.4g}): the "
-                          f"learning rate of {run.optimizer} is too high for this model")
+                          f"learning rate of {run.optimizer} is too high for this model (see "
+                          "`curve.lr_too_high`, `curve.diverging`)")
         if verdict.reason == "flat":
             causes.append("the loss never moved: a learning rate of 0, or an output that does "
-                          "not depend on the parameters")
+                          "not depend on the parameters (see `grad.update_ratio`, "
+                          "`curve.not_learning`)")
         if verdict.reason == "max_steps" and not causes:
             causes.append(
                 f"slow progress: the loss fell only from {verdict.start:.4g} to "
                 f"{verdict.best:.4g} in {verdict.steps} steps with {run.optimizer} (a learning "
-                "rate too low for the probe, a model too small or too constrained, or a loss "
-                "with a floor); raise `max_steps`/`overfit_steps` to tell them apart")
+                "rate too low for the probe (see `curve.lr_too_low`), vanishing gradients (see "
+                "`grad.vanishing`), a model too small or too constrained, or a loss with a "
+                "floor); raise `max_steps`/`overfit_steps` to tell them apart")
         if not causes and verdict.reason in ("plateau", "floor"):
             causes.append(
                 f"loss bounded away from zero: it stopped at {verdict.best:.4g} with gradients "
                 "reaching every parameter (a softmax/sigmoid before a loss that applies its own, "
                 "label smoothing or a regularization term in the loss, targets that contradict "
-                "each other, or a model too small or too constrained)")
+                "each other, or a model too small or too constrained; see `structure.batch_mixing`, "
+                "`structure.shape_mismatch`, `grad.vanishing`)")
         return causes
 
     def _failed(self, trainer: pl.Trainer, run: ProbeRun, causes: list[str],

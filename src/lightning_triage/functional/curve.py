@@ -60,6 +60,9 @@ class CurveThresholds:
         overfit_rise: validation above its best by this fraction...
         overfit_confirm: ...for this many validation runs in a row, while the training loss
             keeps falling: overfitting.
+        overfit_z: ...and the rise exceeds this many standard errors of the validation mean,
+            estimated as ``best / sqrt(val_examples)`` (per-example losses with a spread about
+            their mean, as cross-entropy's), when the number of validation examples is known.
 
     Example:
         Stricter spike detection than the default:
@@ -92,6 +95,7 @@ class CurveThresholds:
     max_spikes: int = 5
     overfit_rise: float = 0.1
     overfit_confirm: int = 2
+    overfit_z: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,7 @@ def classify_curve(
     prior: float | None = None,
     final: bool = True,
     thresholds: CurveThresholds | None = None,
+    val_examples: int | None = None,
 ) -> list[CurveVerdict]:
     """Classify a loss curve.
 
@@ -164,6 +169,8 @@ def classify_curve(
         final: ``True`` at the end of the window (shape verdicts); ``False`` mid-window: only
             what can be decided early (``diverging``, ``loss_spike``, ``overfitting``).
         thresholds: see :class:`CurveThresholds`.
+        val_examples: examples in one validation run; when known, a validation rise must also
+            be significant (see ``overfit_z``) to count as overfitting.
 
     Returns:
         The verdicts, shape verdict first; ``curve.healthy`` alone when nothing was found
@@ -213,7 +220,7 @@ def classify_curve(
     if upto < n:  # a NaN/Inf without growth before it: the numerics stage says where
         return spike_verdicts
 
-    overfit = _overfitting(x, st, vals, th)
+    overfit = _overfitting(x, st, vals, th, val_examples)
     events = [*([] if overfit is None else [overfit]), *spike_verdicts]
     if not final or n < th.min_steps:
         return events
@@ -282,7 +289,7 @@ def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], st
 
 
 def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
-                 th: CurveThresholds) -> CurveVerdict | None:
+                 th: CurveThresholds, val_examples: int | None = None) -> CurveVerdict | None:
     if len(vals) < 3:
         return None
     v = np.array([val for _, val in vals])
@@ -297,6 +304,10 @@ def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
             np.all(np.diff(run[-th.overfit_confirm - 1:]) >= 0) if run.size > th.overfit_confirm
             else np.all(np.diff(tail) >= 0))
         if not rising:
+            continue
+        # significance: the validation mean over N examples moves by ~best/sqrt(N) by chance
+        se = best / math.sqrt(val_examples) if val_examples else 0.0
+        if float(v[j]) - best <= th.overfit_z * se:
             continue
         s_best, s_now = vals[best_i][0], vals[j][0]
         before = x[(st <= s_best)]
@@ -316,7 +327,8 @@ def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
             f"{_fmt(gap_now)}.",
             {"best_val": best, "best_val_step": s_best, "val": float(v[j]), "step": s_now,
              "train_at_best": tr_best, "train_now": tr_now, "gap_at_best": gap_best,
-             "gap_now": gap_now})
+             "gap_now": gap_now, "val_examples": val_examples,
+             "standard_error": se if val_examples else None})
     return None
 
 

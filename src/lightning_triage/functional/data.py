@@ -202,6 +202,42 @@ def scale_verdict(summary: TensorSummary, max_rms: float = 4.0) -> str | None:
     return None
 
 
+#: Features per example from which a non-negative input is read as intensities (an image,
+#: a spectrogram), not a handful of tabular measurements.
+TINY_MIN_FEATURES = 64
+
+
+def far_below_unit_scale(summary: TensorSummary, max_peak: float = 0.1, max_rms: float = 0.05,
+                         min_features: int = TINY_MIN_FEATURES) -> bool:
+    """Whether float inputs look like intensities scaled down twice (``data.tiny_input_scale``).
+
+    True for a non-negative tensor with at least ``min_features`` values per example whose
+    largest value stays below ``max_peak`` and whose root mean square is below ``max_rms``
+    (digits divided by 16 twice: peak 0.0625, rms ~0.03; 0-255 pixels divided by 255 twice are
+    smaller still, and :func:`scale_verdict` already calls them ``"tiny"``). Silent where small
+    raw scales are normal: signed signals (audio waveforms, centered tabular features such as
+    scikit-learn's diabetes, rms 0.048) and tabular data with few features (iris in metres),
+    whatever their scale.
+
+    Example:
+        >>> pixels = torch.rand(32, 64, generator=torch.Generator().manual_seed(0))
+        >>> far_below_unit_scale(summarize_tensor(pixels / 16))
+        True
+        >>> far_below_unit_scale(summarize_tensor(pixels))
+        False
+        >>> wave = 0.03 * torch.randn(32, 16000, generator=torch.Generator().manual_seed(0))
+        >>> far_below_unit_scale(summarize_tensor(wave))
+        False
+    """
+    if not summary.dtype.startswith(("float", "bfloat")) or summary.rms is None:
+        return False
+    assert summary.min is not None
+    assert summary.max is not None
+    features = summary.numel // max(1, summary.shape[0]) if summary.shape else 0
+    return (summary.min >= 0 and 0 < summary.max < max_peak and summary.rms < max_rms
+            and features >= min_features)
+
+
 def constant_across_batch(t: Tensor) -> bool:
     """Whether every example of ``t`` (dim 0) is identical (needs at least 2 examples).
 

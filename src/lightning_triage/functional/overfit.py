@@ -226,6 +226,49 @@ def judge_curve(losses: Sequence[float], target: float, steps_allowed: int,
     return verdict("inconclusive", "still_falling")
 
 
+def predictions_right(output: Tensor, targets: Tensor, class_dim: int = -1,
+                      ignore_index: int = -100) -> bool | None:
+    """Whether the class predicted for every example (the argmax over ``class_dim``) is its
+    target; ``None`` when ``output`` and ``targets`` do not look like class scores and class
+    indices (or nothing is left once ``ignore_index`` targets are dropped).
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.1, 0.0], [0.0, 0.2, 1.0]])
+        >>> predictions_right(logits, torch.tensor([0, 2])), predictions_right(logits, torch.tensor([1, 2]))
+        (True, False)
+    """
+    if not output.is_floating_point() or targets.is_floating_point() or output.ndim < 2:
+        return None
+    try:
+        predicted = output.detach().argmax(dim=class_dim)
+    except (IndexError, RuntimeError):
+        return None
+    if predicted.shape != targets.shape:
+        return None
+    keep = targets != ignore_index
+    if not bool(keep.any()) or not bool(torch.isfinite(output).all()):
+        return None
+    return bool((predicted[keep] == targets[keep]).all())
+
+
+def judge_memorization(verdict: OverfitVerdict, all_right: bool | None) -> OverfitVerdict:
+    """Memorization judged by the predictions when the loss has a floor.
+
+    A loss that settled on a plateau above the target (``reason`` ``"plateau"`` or
+    ``"floor"``) while every probed example is predicted right is a loss with a floor (label
+    smoothing, a regularization term in the loss), not a failure to learn: the verdict becomes
+    ``"passed"`` with reason ``"memorized_floor"``. Any other verdict is returned unchanged.
+
+    Example:
+        >>> stuck = judge_curve([2.3, 1.2, 0.9] + [0.87] * 60, target=0.115, steps_allowed=300)
+        >>> stuck.verdict, judge_memorization(stuck, True).verdict, judge_memorization(stuck, False).verdict
+        ('failed', 'passed', 'failed')
+    """
+    if verdict.verdict == "failed" and verdict.reason in ("plateau", "floor") and all_right:
+        return dataclasses.replace(verdict, verdict="passed", reason="memorized_floor")
+    return verdict
+
+
 def near_zero_target(start: float, chance: float | None, tolerance: float = 0.05) -> float:
     """The loss counted as "near zero": ``tolerance`` times the chance level when known and
     positive, else times the starting loss.
@@ -244,8 +287,10 @@ __all__ = [
     "OverfitVerdict",
     "batch_size_of",
     "judge_curve",
+    "judge_memorization",
     "near_zero_target",
     "plateaued",
+    "predictions_right",
     "probability_floor",
     "slice_batch",
 ]
