@@ -225,8 +225,6 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                   "|---|---|---|---|---|"]
         for f in report["findings"]:
             message = str(f["message"]).replace("|", "\\|").replace("\n", " ")
-            if f.get("explained_by"):
-                message = f"(explained by {', '.join(f['explained_by'])}) {message}"
             step = "" if f["global_step"] is None else f["global_step"]
             layer = f"`{f['layer']}`" if f["layer"] else ""
             lines.append(f"| {f['severity']} | `{f['code']}` | {step} | {layer} | {message} |")
