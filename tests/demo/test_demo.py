@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from lightning_triage.__main__ import main
-from lightning_triage.demo import SCENARIOS, Scenario, caught, run_scenario
+from lightning_triage.demo import SCENARIOS, Scenario, caught, run_scenario, verdict
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
@@ -55,3 +55,12 @@ def test_command_line_runs_named_scenarios(tmp_path: Path, capsys: pytest.Captur
     report = json.loads((tmp_path / "scaled-logits" / "triage_report.json").read_text())
     assert report["start_here"] == "init.loss_above_chance"
     assert main(["demo", "no-such-scenario"]) == 2
+
+
+def test_verdict_tells_a_lead_from_a_finding_shown_further_down() -> None:
+    scenario = next(s for s in SCENARIOS if s.expect is not None)
+    finding = {"code": scenario.expect}
+    assert verdict(scenario, {"start_here": scenario.expect, "findings": [finding]}) == "leads"
+    assert verdict(scenario, {"start_here": "data.constant_input", "findings": [finding]}) == "shown"
+    assert verdict(scenario, {"start_here": None, "findings": []}) == "missed"
+    assert verdict(scenario, None) == "missed"
