@@ -25,10 +25,13 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Dataset
+
+from lightning_triage.functional.batch import BatchKey, split_batch
 
 #: A copy is made when its estimated bytes are at most this fraction of the free memory of the
 #: device holding the parameters (the rest is left for the probe's activations).
@@ -726,3 +729,34 @@ def step_loss(output: Any) -> Tensor | None:
     if isinstance(loss, Tensor) and loss.numel() == 1:
         return loss
     return None
+
+
+def copy_first_examples(batch: Any, keep: int, input_key: BatchKey | None = None,
+                        target_key: BatchKey | None = None) -> Any:
+    """A copy of ``batch`` (tensors cloned, detached) with at most ``keep`` examples.
+
+    The number of examples is the input tensor's first dimension (the input as
+    :func:`~lightning_triage.functional.batch.split_batch` finds it); tensors and lists of that
+    length are cut, everything else is kept whole.
+
+    Example:
+        >>> import torch
+        >>> batch = {"x": torch.zeros(5, 2), "y": torch.arange(5), "ids": list("abcde")}
+        >>> small = copy_first_examples(batch, 3, input_key="x")
+        >>> small["x"].shape[0], small["y"].tolist(), small["ids"]
+        (3, [0, 1, 2], ['a', 'b', 'c'])
+    """
+    inputs = split_batch(batch, input_key, target_key).inputs
+    n = None if inputs is None or inputs.dim() == 0 else inputs.shape[0]
+    cut_to = None if n is None or n <= keep else keep
+
+    def cut(t: Tensor) -> Tensor:
+        if cut_to is not None and t.dim() > 0 and t.shape[0] == n:
+            t = t[:cut_to]
+        return t.detach().clone()
+
+    def cut_list(v: list[Any]) -> list[Any]:
+        return v[:cut_to] if cut_to is not None and len(v) == n else list(v)
+
+    copied = apply_to_collection(batch, Tensor, cut)
+    return apply_to_collection(copied, list, cut_list, wrong_dtype=None) if cut_to else copied

@@ -11,7 +11,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss
 from typing_extensions import override
@@ -40,6 +39,7 @@ from lightning_triage.probing import (
     ProbeUnavailableError,
     RngState,
     UserCodeError,
+    copy_first_examples,
     probe_module,
     rng_state,
     set_rng_state,
@@ -363,20 +363,7 @@ class StructureProbe(TriageCallback):
     # ------------------------------------------------------------------ probe
     def _copy(self, batch: Any) -> Any:
         """A copy of ``batch`` with at most ``max_examples`` examples (tensors cloned)."""
-        inputs = split_batch(batch, self.input_key, self.target_key).inputs
-        n = None if inputs is None or inputs.dim() == 0 else inputs.shape[0]
-        keep = None if n is None or n <= self.max_examples else self.max_examples
-
-        def cut(t: Tensor) -> Tensor:
-            if keep is not None and t.dim() > 0 and t.shape[0] == n:
-                t = t[:keep]
-            return t.detach().clone()
-
-        def cut_list(v: list[Any]) -> list[Any]:
-            return v[:keep] if keep is not None and len(v) == n else list(v)
-
-        copied = apply_to_collection(batch, Tensor, cut)
-        return apply_to_collection(copied, list, cut_list, wrong_dtype=None) if keep else copied
+        return copy_first_examples(batch, self.max_examples, self.input_key, self.target_key)
 
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
         """The user's code on a batch, in the run's precision context (as the real step)."""

@@ -274,3 +274,4 @@ def split_batch(batch: Any, input_key: BatchKey | None = None,
         (torch.Size([2, 3]), [0, 1])
     """
     return locate_batch(batch, input_key, target_key).parts()
+

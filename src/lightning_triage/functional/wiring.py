@@ -8,8 +8,6 @@ per tensor: when every parameter of a module is affected the module is named onc
 Example:
     >>> import torch
     >>> from torch import nn
-
-from lightning_triage.functional.tensors import any_nonzero
     >>> net = nn.ModuleDict({"encoder": nn.Linear(4, 8), "head": nn.Linear(8, 2)})
     >>> x = torch.randn(3, 4)
     >>> net["head"](net["encoder"](x).detach()).sum().backward()
