@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
 from lightning_triage.callbacks.eval_mode import EvalModeCheck
@@ -174,6 +175,12 @@ class Triage(Callback):
                             check_every_n_steps=numerics_check_every_n_steps, strict=strict),
         ]
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, strict=strict)
+        # one step path: the watches that stay on read the loss and the gradient norms once per
+        # step together (the first to ask computes, the others read)
+        self.step_state = StepState()
+        for check in self.checks:
+            if isinstance(getattr(check, "step_state", None), StepState):
+                check.step_state = self.step_state  # type: ignore[attr-defined]
         self._callees_by_hook: dict[str, list[tuple[Callback, Callable[..., Any], bool]]] = {}
 
     @property
