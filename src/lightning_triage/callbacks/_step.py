@@ -138,8 +138,10 @@ class StepState:
         if loss is None:
             self._loss = (None, None)
         else:
-            value = loss.detach().reshape(())
-            self._loss = (value, value.item() if value.device.type == "cpu" else None)
+            value = loss.detach()
+            if value.dim():
+                value = value.reshape(())
+            self._loss = (value, value.item() if value.is_cpu else None)
         return self._loss
 
     def __getstate__(self) -> dict[str, Any]:
