@@ -152,63 +152,75 @@ class StepState:
 
 
 class RowBuffer:
-    """Preallocated rows of numbers between two flushes: a numpy array on the host (CPU runs),
-    a float32 tensor on the device (accelerators: written without a host synchronization).
+    """Preallocated rows of numbers between two flushes: on the host (CPU runs) preallocated
+    slots holding each step's row as a list of floats (no array op per step), on an accelerator
+    a float32 device tensor written without a host synchronization.
 
     Args:
         width: numbers per row.
         capacity: rows before the owner flushes (grows if a step writes past it).
         device: where the values live (``None`` or CPU: the host).
+
+    Example:
+        >>> buf = RowBuffer(2, capacity=4)
+        >>> buf.rows[buf.next_row(7)] = [1.0, 2.0]
+        >>> steps, rows = buf.take()
+        >>> steps, rows.tolist(), len(buf)
+        ([7], [[1.0, 2.0]], 0)
     """
 
     def __init__(self, width: int, capacity: int, device: torch.device | None = None) -> None:
+        capacity = max(1, capacity)
         self.width = width
         self.host = device is None or device.type == "cpu"
         self.device = device
-        self.data: np.ndarray | Tensor = self._alloc(max(1, capacity))
-        self.steps = np.zeros(max(1, capacity), dtype=np.int64)
+        self.rows: list[list[float]] = [[]] * capacity if self.host else []
+        self.data: Tensor | None = None if self.host else torch.zeros(
+            (capacity, width), dtype=torch.float32, device=device)
+        self.steps = [0] * capacity
         self.n = 0
-
-    def _alloc(self, rows: int) -> np.ndarray | Tensor:
-        if self.host:
-            return np.zeros((rows, self.width), dtype=np.float64)
-        return torch.zeros((rows, self.width), dtype=torch.float32, device=self.device)
 
     def __len__(self) -> int:
         return self.n
 
     @property
     def capacity(self) -> int:
-        return int(self.steps.size)
+        return len(self.steps)
 
     def next_row(self, step: int) -> int:
         """Reserve the next row for ``step``; its index."""
-        if self.n == self.capacity:  # manual optimization: several steps in one batch
-            old, self.data = self.data, self._alloc(2 * self.n)
-            self.data[: self.n] = old  # type: ignore[assignment]
-            self.steps = np.concatenate([self.steps, np.zeros_like(self.steps)])
-        self.steps[self.n] = step
-        self.n += 1
-        return self.n - 1
+        n = self.n
+        if n == len(self.steps):  # manual optimization: several steps in one batch
+            self.steps += [0] * n
+            if self.data is None:
+                self.rows += [[]] * n
+            else:
+                self.data = torch.cat([self.data, torch.zeros_like(self.data)])
+        self.steps[n] = step
+        self.n = n + 1
+        return n
+
+    def _read(self, n: int) -> np.ndarray:
+        if self.data is None:
+            return np.array(self.rows[:n], dtype=np.float64).reshape(n, self.width)
+        return self.data[:n].cpu().double().numpy()
 
     def peek(self) -> tuple[list[int], np.ndarray]:
         """Every row as ``(steps, float64 array)``, kept (for checkpoints)."""
-        rows = self.data[: self.n]
-        out = rows.copy() if isinstance(rows, np.ndarray) else rows.cpu().double().numpy()
-        return self.steps[: self.n].tolist(), out
+        return self.steps[: self.n], self._read(self.n)
 
     def take(self, n: int | None = None) -> tuple[list[int], np.ndarray]:
         """The first ``n`` rows (default all) as ``(steps, float64 array)``, removed; one host
         transfer on accelerators."""
         n = self.n if n is None else min(n, self.n)
-        rows = self.data[:n]
-        out = rows.copy() if isinstance(rows, np.ndarray) else rows.cpu().double().numpy()
-        steps = self.steps[:n].tolist()
+        out, steps = self._read(n), self.steps[:n]
         rest = self.n - n
         if rest:
-            self.data[:rest] = self.data[n:self.n].copy() if isinstance(self.data, np.ndarray) \
-                else self.data[n:self.n].clone()
             self.steps[:rest] = self.steps[n:self.n]
+            if self.data is None:
+                self.rows[:rest] = self.rows[n:self.n]
+            else:
+                self.data[:rest] = self.data[n:self.n].clone()
         self.n = rest
         return steps, out
 

@@ -238,12 +238,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
         buf = self._buf
         assert buf is not None
         i = buf.next_row(step)
-        if state.host:
-            row = buf.data[i]
-            row[0] = state.total
-            row[1:-1] = state.norms  # type: ignore[assignment]
+        if buf.data is None:  # the host: a list of floats in a preallocated slot
+            buf.rows[i] = [state.total, *state.norms, math.nan]  # type: ignore[list-item, misc]
         else:
-            buf.data[i, 1:-1].copy_(state.norms)  # type: ignore[union-attr, arg-type]
+            buf.data[i, 1:-1].copy_(state.norms)  # type: ignore[arg-type]
         self._need_loss = True
         if not self.window_closed:
             self._window_step(trainer)
@@ -299,12 +297,13 @@ class GradientMonitor(TriageCallback, WindowMixin):
         # recent level, so the accumulation factor does not matter (no op per step for it);
         # every step of the batch gets it (manual optimization: several steps)
         loss, value = self.step_state.loss(outputs)
-        if buf.host:
-            buf.data[self._loss_from:buf.n, -1] = math.nan if value is None else value
+        if buf.data is None:
+            for r in range(self._loss_from, buf.n):
+                buf.rows[r][-1] = math.nan if value is None else value
         elif loss is None:
-            buf.data[self._loss_from:buf.n, -1].fill_(math.nan)  # type: ignore[union-attr]
+            buf.data[self._loss_from:buf.n, -1].fill_(math.nan)
         else:
-            buf.data[self._loss_from:buf.n, -1].fill_(loss.to(buf.device))  # type: ignore
+            buf.data[self._loss_from:buf.n, -1].fill_(loss.to(buf.device))
         self._loss_from = buf.n
         if self._snap is not None:
             weights = [self._params[j].detach() for j in self._weight_idx]
@@ -319,10 +318,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
         n = self._loss_from  # the rows whose loss is written
         buf = self._buf
         if n and buf is not None:
-            if not buf.host:  # every step's total norm, once per chunk
-                data = buf.data
-                assert isinstance(data, Tensor)
-                data[:n, 0] = torch.linalg.vector_norm(data[:n, 1:-1], dim=1)
+            if buf.data is not None:  # the device: every step's total norm, once per chunk
+                buf.data[:n, 0] = torch.linalg.vector_norm(buf.data[:n, 1:-1], dim=1)
             steps, rows = buf.take(n)  # the one host transfer of the chunk
             self._loss_from = 0
             if self._skipped is not None:

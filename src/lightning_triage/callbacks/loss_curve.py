@@ -222,8 +222,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._scale_by = accumulate
         step = trainer.global_step if self._steps is None else self._steps.completed
         i = buf.next_row(max(step - 1, 0))
-        if value is not None:
-            buf.data[i, 0] = value
+        if buf.data is None:
+            buf.rows[i] = [value]  # type: ignore[list-item]
         else:
             buf.data[i, 0].fill_(loss.to(buf.device))
         if buf.n >= self.flush_interval(trainer):
@@ -495,7 +495,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         if pending:  # already scaled; read on the host
             self._buf = RowBuffer(1, len(pending) + 8)
             for s, v in zip(state.get("pending_steps", []), pending, strict=False):
-                self._buf.data[self._buf.next_row(int(s)), 0] = v
+                self._buf.rows[self._buf.next_row(int(s))] = [v]
         self._val_runs = int(state.get("val_runs", 0))
         self._window_n = int(state.get("window_n", 0))
 
