@@ -15,7 +15,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from lightning_triage import GradientMonitor, LossCurveMonitor, NonFiniteTracer, Triage
-from lightning_triage.callbacks import _step
 from lightning_triage.callbacks._step import RowBuffer, StepState
 from tests.helpers import loader, make_trainer
 
@@ -56,7 +55,7 @@ class _Counting(Callback):
         self.losses = 0
         self.steps = 0
         foreach_norm = torch._foreach_norm
-        step_loss = _step.step_loss
+        note_loss = StepState.note_loss
 
         def counted_norm(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             ord_ = args[0] if args else kwargs.get("ord", 2)
@@ -64,13 +63,13 @@ class _Counting(Callback):
                 self.norms += 1
             return foreach_norm(tensors, *args, **kwargs)
 
-        def counted_loss(output: Any) -> Any:
+        def counted_loss(state: StepState, loss: Tensor) -> Any:  # every loss read
             if self.on:
                 self.losses += 1
-            return step_loss(output)
+            return note_loss(state, loss)
 
         monkeypatch.setattr(torch, "_foreach_norm", counted_norm)
-        monkeypatch.setattr(_step, "step_loss", counted_loss)
+        monkeypatch.setattr(StepState, "note_loss", counted_loss)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.on = trainer.current_epoch >= 1
@@ -94,7 +93,7 @@ def test_the_bundle_reads_the_norms_and_the_loss_once_per_step(
     _fit(tmp_path, [bundle, counting])
     assert counting.steps == 40
     assert counting.norms == counting.steps  # one `_foreach_norm` per step for three checks
-    assert counting.losses == counting.steps  # one loss read for both watches
+    assert counting.losses == counting.steps  # one loss read for the tracer and both watches
     assert bundle.step_state.norm_reads == 80  # both epochs, every step once
 
 
@@ -107,7 +106,7 @@ def test_standalone_watches_each_read_their_own(tmp_path: Path,
     _fit(tmp_path, [gm, curve, tracer, counting])
     # alone, each callback stands on its own: the monitor and the tracer both read the norms
     assert counting.norms == 2 * counting.steps == 80
-    assert counting.losses == 2 * counting.steps
+    assert counting.losses == 3 * counting.steps
     assert gm.step_state is not tracer.step_state
 
 
@@ -248,3 +247,20 @@ def test_row_buffer_is_bounded_over_many_flushes() -> None:
     assert steps == list(range(120)) and np.array_equal(rows[:, 0], np.arange(120.0))
     steps, rows = buf.take()
     assert steps == list(range(120, 150))
+
+
+def test_step_state_hands_the_backward_loss_to_the_watches() -> None:
+    state = StepState()
+    state.automatic = True
+    loss = torch.tensor(3.0, requires_grad=True) * 1.0
+    noted = state.note_loss(loss)
+    assert noted[1] == 3.0
+    # automatic optimization: the step's output holds the same value; the noted read is used
+    assert state.loss({"loss": torch.tensor(3.0)}) == noted
+    # ... once: the next output is read from itself, and a skipped step (no output) has none
+    assert state.loss({"loss": torch.tensor(5.0)})[1] == 5.0
+    state.note_loss(loss)
+    assert state.loss(None) == (None, None)
+    manual = StepState()  # manual optimization: backward's loss may be anything; not reused
+    manual.note_loss(loss)
+    assert manual.loss({"loss": torch.tensor(5.0)})[1] == 5.0

@@ -59,6 +59,9 @@ class StepState:
         self._grad_key: tuple[int, int] | None = None
         self._loss_src: Any = None
         self._loss: tuple[Tensor | None, float | None] = (None, None)
+        self._noted: tuple[Tensor, float | None] | None = None
+        #: automatic optimization: the loss given to backward is the one the step returns
+        self.automatic = False
 
     def bind(self, pl_module: nn.Module) -> list[nn.Parameter]:
         """Collect the trainable parameters of ``pl_module`` (once per fit)."""
@@ -128,26 +131,39 @@ class StepState:
         return zero
 
     # ------------------------------------------------------------------ loss
+    def note_loss(self, loss: Tensor) -> tuple[Tensor, float | None]:
+        """Read the loss given to backward (a one-element tensor): ``(detached 0-d tensor,
+        host value or None on accelerators)``. Under automatic optimization it is the loss the
+        step returns, so :meth:`loss` hands the same read to the watches at the batch's end."""
+        value = loss.detach()
+        if value.dim():
+            value = value.reshape(())
+        read = (value, value.item() if value.is_cpu else None)
+        self._noted = read if self.automatic else None
+        return read
+
     def loss(self, outputs: Any) -> tuple[Tensor | None, float | None]:
-        """The scalar loss of a ``training_step`` output, read once per output object:
-        ``(detached 0-d tensor, host value or None on accelerators)``."""
+        """The scalar loss of a ``training_step`` output, read once per output object (or
+        taken from :meth:`note_loss` of the same step): ``(detached 0-d tensor, host value or
+        None on accelerators)``."""
         if outputs is self._loss_src and outputs is not None:
             return self._loss
         self._loss_src = outputs  # kept alive until the next step: its identity is the key
-        loss = step_loss(outputs)
-        if loss is None:
+        noted, self._noted = self._noted, None
+        if outputs is None:
             self._loss = (None, None)
+        elif noted is not None:  # automatic optimization: the loss backward was given
+            self._loss = noted
         else:
-            value = loss.detach()
-            if value.dim():
-                value = value.reshape(())
-            self._loss = (value, value.item() if value.is_cpu else None)
+            loss = step_loss(outputs)
+            self._loss = (None, None) if loss is None else self.note_loss(loss)
+            self._noted = None
         return self._loss
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(params=[], names=[], norms=None, _total=None, _grad_key=None,
-                     _loss_src=None, _loss=(None, None), _zeros={})
+                     _loss_src=None, _loss=(None, None), _noted=None, _zeros={})
         return state
 
 

@@ -251,6 +251,7 @@ class NonFiniteTracer(TriageCallback):
         if stage != "fit":
             return
         self.step_state.reset()
+        self.step_state.automatic = pl_module.automatic_optimization
         device = trainer.strategy.root_device
         self._sync = self.mode == "sync" or (self.mode == "auto" and device.type == "cpu")
         self._reduced = _REDUCED.get(str(trainer.precision))
@@ -303,10 +304,12 @@ class NonFiniteTracer(TriageCallback):
                            loss: Tensor) -> None:
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             return
-        if self._sync and self._cpu:  # reading a CPU scalar is free
-            self._loss_bad = self._loss_bad or not math.isfinite(loss.item())
+        # read once for the tracer and (inside the bundle) the watches at the batch's end
+        value, host = self.step_state.note_loss(loss)
+        if self._sync and host is not None:  # reading a CPU scalar is free
+            self._loss_bad = self._loss_bad or not math.isfinite(host)
         else:  # no op here: joins the step's single reduction (every micro-batch's loss)
-            self._losses.append(loss.detach())
+            self._losses.append(value)
 
     def _read_loss(self) -> bool:
         """Sync mode: whether the loss of this step (any micro-batch so far) was non-finite."""
