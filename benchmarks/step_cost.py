@@ -16,8 +16,8 @@ For each model (the tiny MLP, the small CNN, a small transformer LM), in one run
   bundle's added time to it.
 - **whole fit**: ``Trainer.fit`` with ``Triage()`` (default windows, fit-start probes
   included) against a bare fit, several pairs in alternating order; the added time per step and
-  the ratio (median over the pairs, with the range), and the time spent inside the bundle's
-  hooks before the second training step (the fit-start probes).
+  the ratio (median over the pairs, with the range), and the wall time the bundle adds from
+  ``setup`` to the end of the first training step (the fit-start probes).
 
 Not a test: run it by hand and record the numbers in docs/long_run.md ("Performance").
 
@@ -109,48 +109,36 @@ def work_floor_us(build: Callable[[], nn.Module], data: DataLoader, n: int = 200
     return 1e6 * (time.thread_time() - t0) / n
 
 
-class _ProbeClock:
-    """Wall time inside the bundle's hooks until the second training step starts."""
+class _FirstStep(Callback):
+    """Wall time from ``setup`` to the end of the first training step (the fit-start probes
+    run in between)."""
 
-    def __init__(self, bundle: Triage) -> None:
-        self.seconds = 0.0
-        self.steps = 0
-        for name in ("setup", "on_fit_start", "on_train_start", "on_train_epoch_start",
-                     "on_train_batch_start", "on_before_backward", "on_after_backward",
-                     "on_before_optimizer_step", "on_train_batch_end"):
-            self._wrap(bundle, name)
+    def __init__(self) -> None:
+        self.t0 = 0.0
+        self.seconds = math.nan
 
-    def _wrap(self, bundle: Triage, name: str) -> None:
-        hook = getattr(bundle, name)
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.t0 = time.perf_counter()
 
-        def timed(trainer: pl.Trainer, *args: Any, **kwargs: Any) -> Any:
-            if trainer.global_step > 0:
-                return hook(trainer, *args, **kwargs)
-            t0 = time.perf_counter()
-            try:
-                return hook(trainer, *args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t0
-
-        setattr(bundle, name, timed)
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == 1:
+            self.seconds = time.perf_counter() - self.t0
 
 
 def whole_fit(build: Callable[[], nn.Module], data: DataLoader, epochs: int,
               pairs: int) -> tuple[list[float], list[float], list[float], int]:
     """``pairs`` fits with and without ``Triage()`` (alternating which goes first): the ratios,
-    the added microseconds per step, the fit-start seconds inside the bundle, the steps."""
+    the added microseconds per step, the fit-start seconds added (setup to the end of the first
+    step: the probes), the steps."""
     ratios, added, probes = [], [], []
     steps = 0
+    first: dict[bool, float] = {}
 
     def fit(with_triage: bool) -> float:
         nonlocal steps
         pl.seed_everything(0, verbose=False)
-        callbacks: list[Callback] = []
-        clock = None
-        if with_triage:
-            bundle = Triage(verbose=False)
-            clock = _ProbeClock(bundle)
-            callbacks = [bundle]
+        clock = _FirstStep()
+        callbacks: list[Callback] = [clock, *([Triage(verbose=False)] if with_triage else [])]
         trainer = pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False,
                              num_sanity_val_steps=0, callbacks=callbacks,
@@ -159,8 +147,7 @@ def whole_fit(build: Callable[[], nn.Module], data: DataLoader, epochs: int,
         trainer.fit(BenchModule(build()), data)
         seconds = time.perf_counter() - t0
         steps = trainer.global_step
-        if clock is not None:
-            probes.append(clock.seconds)
+        first[with_triage] = clock.seconds
         return seconds
 
     for i in range(pairs):
@@ -172,6 +159,7 @@ def whole_fit(build: Callable[[], nn.Module], data: DataLoader, epochs: int,
             on = fit(True)
         ratios.append(on / off)
         added.append(1e6 * (on - off) / max(1, steps))
+        probes.append(first[True] - first[False])
     return ratios, added, probes, steps
 
 
@@ -219,7 +207,7 @@ def main() -> None:
         print(f"whole fit ({args.fit_epochs} epochs, {steps} steps, {args.pairs} pairs, wall): "
               f"ratio {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}], "
               f"added {statistics.median(added):+.0f} us/step [{min(added):+.0f}-{max(added):+.0f}]"
-              f"; fit-start probes (inside the bundle before step 2): "
+              f"; fit-start probes (setup to the end of step 1, added): "
               f"{statistics.median(probes):.2f} s [{min(probes):.2f}-{max(probes):.2f}]",
               flush=True)
 
