@@ -136,6 +136,19 @@ def test_healthy_run_is_silent_in_the_bundle(tmp_path: Path) -> None:
                 if f.code in ("curve.loss_spike", "curve.diverging")]
 
 
+class _DeviceLike(StepState):
+    """The accelerator path on CPU: values stay in tensors, no host read per step."""
+
+    def bind(self, pl_module: nn.Module) -> list[nn.Parameter]:
+        params = super().bind(pl_module)
+        self.host = False
+        return params
+
+    def reset(self) -> None:
+        super().reset()
+        self.host = False
+
+
 class Coin(nn.Module):
     """At the armed step, one of two branches goes infinite: which one depends on a random draw
     (the replay must restore the RNG to name the same module)."""
@@ -176,11 +189,18 @@ class CoinNet(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_nan_step_is_replayed_exactly_by_the_bundle(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "device_like"), [(0, False), (1, False), (2, False),
+                                                  (3, False), (0, True), (1, True)])
+def test_nan_step_is_replayed_exactly_by_the_bundle(tmp_path: Path, seed: int,
+                                                    device_like: bool) -> None:
     pl.seed_everything(seed, verbose=False)
     model = CoinNet(at=30)
     bundle = Triage(window_epochs=0, window_steps=10, verbose=False, overfit=False, strict=True)
+    if device_like:  # the accelerator path's reads (a device total, one read per step)
+        shared = _DeviceLike()
+        for check in bundle.checks:
+            if hasattr(check, "step_state"):
+                check.step_state = shared  # type: ignore[attr-defined]
     _fit(tmp_path, [bundle], model, epochs=1)
     tracer = bundle.check("NonFiniteTracer")
     forward = [f for f in tracer.findings if f.code == "numerics.nonfinite_forward"]
@@ -264,3 +284,35 @@ def test_step_state_hands_the_backward_loss_to_the_watches() -> None:
     manual = StepState()  # manual optimization: backward's loss may be anything; not reused
     manual.note_loss(loss)
     assert manual.loss({"loss": torch.tensor(5.0)})[1] == 5.0
+
+
+def test_the_device_path_sees_the_same_spike_and_losses(tmp_path: Path) -> None:
+    """The buffers and reads of accelerators (device tensors, totals at the flush, one host
+    read per step for the tracer), run on CPU: the same findings and series as the host path."""
+    runs = {}
+    for name in ("host", "device"):
+        pl.seed_everything(0, verbose=False)
+        bundle = Triage(window_epochs=0, window_steps=20, verbose=False, overfit=False,
+                        strict=True)
+        if name == "device":
+            shared = _DeviceLike()
+            for check in bundle.checks:
+                if hasattr(check, "step_state"):
+                    check.step_state = shared  # type: ignore[attr-defined]
+        _fit(tmp_path / name, [bundle], Net(boost_at=55), epochs=2)
+        runs[name] = bundle
+    host, device = runs["host"], runs["device"]
+    assert isinstance(device.check("GradientMonitor")._buf.data, Tensor)  # type: ignore[attr-defined]
+    for check in ("GradientMonitor", "LossCurveMonitor"):
+        assert [(f.code, f.global_step) for f in device.check(check).findings] == \
+            [(f.code, f.global_step) for f in host.check(check).findings]
+    assert 55 in [f.global_step for f in device.check("GradientMonitor").findings
+                  if f.code == "grad.spike"]
+    for key in ("grad_norm",):
+        a = np.array(host.check("GradientMonitor").series()[key])
+        b = np.array(device.check("GradientMonitor").series()[key])
+        assert a.shape == b.shape and np.allclose(a, b, rtol=1e-5)
+    a = np.array(host.check("LossCurveMonitor").series()["train_loss"])
+    b = np.array(device.check("LossCurveMonitor").series()["train_loss"])
+    assert a.shape == b.shape and np.allclose(a, b, rtol=1e-5)
+    assert not device.check("NonFiniteTracer").findings

@@ -138,7 +138,7 @@ class StepState:
         value = loss.detach()
         if value.dim():
             value = value.reshape(())
-        read = (value, value.item() if value.is_cpu else None)
+        read = (value, value.item() if self.host and value.is_cpu else None)
         self._noted = read if self.automatic else None
         return read
 
@@ -176,6 +176,7 @@ class RowBuffer:
         width: numbers per row.
         capacity: rows before the owner flushes (grows if a step writes past it).
         device: where the values live (``None`` or CPU: the host).
+        host: keep the values on the host (default: whether ``device`` is the CPU).
 
     Example:
         >>> buf = RowBuffer(2, capacity=4)
@@ -185,10 +186,11 @@ class RowBuffer:
         ([7], [[1.0, 2.0]], 0)
     """
 
-    def __init__(self, width: int, capacity: int, device: torch.device | None = None) -> None:
+    def __init__(self, width: int, capacity: int, device: torch.device | None = None,
+                 host: bool | None = None) -> None:
         capacity = max(1, capacity)
         self.width = width
-        self.host = device is None or device.type == "cpu"
+        self.host = (device is None or device.type == "cpu") if host is None else host
         self.device = device
         self.rows: list[list[float]] = [[]] * capacity if self.host else []
         self.data: Tensor | None = None if self.host else torch.zeros(

@@ -211,7 +211,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
                     self._unit_idx.append(j)
         if self._params:
             self._buf = RowBuffer(len(self._params) + 2, self.flush_interval(trainer) + 8,
-                                  None if state.host else self._params[0].device)
+                                  self._params[0].device, host=state.host)
             self._loss_from = 0
 
     # ------------------------------------------------------------------ per step

@@ -216,8 +216,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             self._flush(trainer)
             buf = None
         if buf is None:
-            buf = self._buf = RowBuffer(1, self.flush_interval(trainer) + 8,
-                                        None if value is not None else loss.device)
+            buf = self._buf = RowBuffer(1, self.flush_interval(trainer) + 8, loss.device,
+                                        host=value is not None)
         # the accumulation factor is applied on the host at the flush (no op per step)
         self._scale_by = accumulate
         step = trainer.global_step if self._steps is None else self._steps.completed
