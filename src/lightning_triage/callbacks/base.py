@@ -80,14 +80,27 @@ class TriageCallback(Callback):
         self.disabled = False
         self.ran = False
         self.detail = ""
-        #: ``True`` once the check has no per-step work left in this fit: the :class:`Triage`
-        #: bundle stops calling its per-step hooks (a cost every training step would pay).
-        self.idle = False
+        self._idle = False
         self._warned: set[str] = set()
         self._handles: list[RemovableHandle] = []
         #: Called with ``(trainer, finding)`` for each new finding (set by :class:`TriageReport`
         #: to send findings to the loggers as they happen).
         self.finding_listener: Callable[[pl.Trainer, Finding], None] | None = None
+
+    #: Bumped whenever a check's ``idle`` flag changes (bundles cache their per-step callees).
+    idle_version = 0
+
+    @property
+    def idle(self) -> bool:
+        """``True`` once the check has no per-step work left in this fit: the :class:`Triage`
+        bundle stops calling its per-step hooks (a cost every training step would pay)."""
+        return self._idle
+
+    @idle.setter
+    def idle(self, value: bool) -> None:
+        if value != self._idle:
+            TriageCallback.idle_version += 1
+            self._idle = value
 
     # ------------------------------------------------------------------ findings
     @property

@@ -28,6 +28,7 @@ from lightning_triage.callbacks._monitor import (
     step_counter,
     validate_window,
 )
+from lightning_triage.callbacks._step import RowBuffer, StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.gradients import (
     GradThresholds,
@@ -42,8 +43,7 @@ from lightning_triage.functional.gradients import (
 )
 from lightning_triage.functional.series import BoundedSeries
 from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
-from lightning_triage.functional.tensors import is_plain, plain_values
-from lightning_triage.probing import step_loss
+from lightning_triage.functional.tensors import is_plain
 
 OnSpike = Literal["warn", "skip"]
 _UNIT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -84,11 +84,14 @@ class GradientMonitor(TriageCallback, WindowMixin):
     """Judge gradient norms in the first epochs, then watch them for spikes for the whole run.
 
     In ``on_before_optimizer_step`` (gradients unscaled under AMP, not yet clipped) the
-    per-parameter gradient norms are computed with one fused ``torch._foreach_norm`` and kept
-    on the device; every ``flush_every`` steps (default the smallest multiple of
-    ``log_every_n_steps`` >= 100) one stack and one norm give every step's total norm and the
-    chunk moves to the host in one transfer. During the window (``window_epochs`` epochs or
-    ``window_steps`` steps, whichever is longer, at most ``max_window_steps``) the monitor also
+    per-parameter gradient norms are computed with one fused ``torch._foreach_norm`` and
+    written to a preallocated buffer (on the device on accelerators, where every step's total
+    norm is taken at the flush); every ``flush_every`` steps (default the smallest multiple of
+    ``log_every_n_steps`` >= 100) the chunk moves to the host in one transfer. Inside
+    :class:`~lightning_triage.Triage` the norms, their total and the loss are read once per
+    step for this monitor, the loss watch and the NaN tracer together. During the window
+    (``window_epochs`` epochs or ``window_steps`` steps, whichever is longer, at most
+    ``max_window_steps``) the monitor also
     tracks units whose gradient is always zero and samples update-to-weight ratios every
     ``ratio_every`` steps; at the end of the window
     :func:`~lightning_triage.functional.gradients.classify_gradients` judges them all.
@@ -166,6 +169,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self.ratio_every = ratio_every
         self.max_points = max_points
         self.thresholds = GradThresholds()
+        #: the per-step reads (shared with the other watches inside the ``Triage`` bundle)
+        self.step_state = StepState()
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -181,13 +186,11 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._params: list[nn.Parameter] = []
         self._weight_idx: list[int] = []
         self._unit_idx: list[int] = []
-        self._zeros: dict[torch.device, Tensor] = {}
         self._amp_fp16 = False
         self._steps: StepCounter | None = None
-        # device side, this chunk
-        self._p_norms: list[tuple[Tensor, ...]] = []  # per step: the per-parameter norms
-        self._p_loss: list[Tensor] = []
-        self._p_steps: list[int] = []
+        # this chunk: rows [total, per-parameter norms..., loss] (on the device on accelerators)
+        self._buf: RowBuffer | None = None
+        self._loss_from = 0  # the first row whose loss is not written yet
         self._need_loss = False
         self._alive: list[Tensor] | None = None
         self._snap: list[Tensor] | None = None
@@ -217,26 +220,31 @@ class GradientMonitor(TriageCallback, WindowMixin):
     @guarded
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
+            self.step_state.reset()
+            self._params, self._names, self._weight_idx, self._unit_idx = [], [], [], []
+            self._buf, self._loss_from, self._need_loss = None, 0, False
             # fp16 mixed precision with a gradient scaler: the scaler skips non-finite steps
             scaler = getattr(trainer.precision_plugin, "scaler", None)
             self._amp_fp16 = scaler is not None or (
                 str(trainer.precision) in _FP16_AMP and trainer.strategy.root_device.type == "cuda")
 
-    def _build(self, pl_module: pl.LightningModule) -> None:
+    def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         owners = {}
         for mod_name, mod in pl_module.named_modules():
             if isinstance(mod, _UNIT_MODULES):
                 owners[f"{mod_name}.weight" if mod_name else "weight"] = True
-        for name, p in pl_module.named_parameters():
-            if not p.requires_grad:
-                continue
-            j = len(self._params)
-            self._names.append(name)
-            self._params.append(p)
+        state = self.step_state
+        self._params = list(state.bind(pl_module))
+        self._names = list(state.names)
+        for j, (name, p) in enumerate(zip(self._names, self._params, strict=True)):
             if p.ndim >= 2:
                 self._weight_idx.append(j)
                 if name in owners:
                     self._unit_idx.append(j)
+        if self._params:
+            self._buf = RowBuffer(len(self._params) + 2, self.flush_interval(trainer) + 8,
+                                  self._params[0].device, host=state.host)
+            self._loss_from = 0
 
     # ------------------------------------------------------------------ per step
     @override
@@ -249,45 +257,28 @@ class GradientMonitor(TriageCallback, WindowMixin):
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: Optimizer) -> None:
         if not self._params:
-            self._build(pl_module)
+            self._build(trainer, pl_module)
             if not self._params:
                 return
         if self.window_closed and not self.watch and self.on_spike == "warn":
             return
-        grads = [p.grad for p in self._params]
-        if any(g is None for g in grads):  # no gradient this step: norm 0 in its slot
-            grads = [p.grad if p.grad is not None else self._zero(p) for p in self._params]
-        # one fused kernel per step; the stack and the total norm are taken per chunk at the
-        # flush (the total, computed once there, serves the window classifier and the watch)
-        try:
-            norms = tuple(torch._foreach_norm(grads))  # type: ignore[arg-type]
-        except (NotImplementedError, RuntimeError):  # sparse gradients (sparse embeddings) ...
-            norms = tuple(torch._foreach_norm(self._plain(grads)))
-        self._p_norms.append(norms)
-        self._p_steps.append(trainer.global_step if self._steps is None else self._steps.completed)
+        step = trainer.global_step if self._steps is None else self._steps.completed
+        # one fused kernel per step, read once for every watch; on the host the total comes
+        # with it, on accelerators it is taken per chunk at the flush
+        state = self.step_state
+        state.read_grads(step, optimizer)
+        buf = self._buf
+        assert buf is not None
+        i = buf.next_row(step)
+        if buf.data is None:  # the host: a list of floats in a preallocated slot
+            buf.rows[i] = [state.total, *state.norms, math.nan]  # type: ignore[list-item, misc]
+        else:
+            buf.data[i, 1:-1].copy_(state.norms)  # type: ignore[arg-type]
         self._need_loss = True
         if not self.window_closed:
             self._window_step(trainer)
         if self.on_spike == "skip":
-            total = torch.linalg.vector_norm(torch.stack(norms).float())
-            if self._thr is None:
-                self._thr = torch.full((), self.watcher.threshold(), device=total.device)
-            self._skip(total)
-
-    def _plain(self, grads: list[Tensor | None]) -> list[Tensor]:
-        """Gradients of any layout as dense tensors with the same norm: a sparse gradient's
-        coalesced values, a nested one's packed values; no data (meta): norm 0."""
-        out = []
-        for p, g in zip(self._params, grads, strict=True):
-            values = g if g is None or is_plain(g) else plain_values(g, coalesce=True)
-            out.append(self._zero(p) if values is None or values.numel() == 0 else values)
-        return out
-
-    def _zero(self, p: Tensor) -> Tensor:
-        zero = self._zeros.get(p.device)
-        if zero is None:
-            zero = self._zeros[p.device] = torch.zeros(1, device=p.device)
-        return zero
+            self._skip(state.total)
 
     def _window_step(self, trainer: pl.Trainer) -> None:
         if self._alive is None:
@@ -297,12 +288,23 @@ class GradientMonitor(TriageCallback, WindowMixin):
             g = self._params[j].grad
             if g is not None:
                 self._alive[k].logical_or_(alive_units(g))
-        if (len(self.w_total) + len(self._p_norms) - 1) % self.ratio_every == 0 and \
+        if (len(self.w_total) + len(self._buf or ()) - 1) % self.ratio_every == 0 and \
                 self._weight_idx:
             self._snap = [self._params[j].detach().clone() for j in self._weight_idx]
 
-    def _skip(self, total: Tensor) -> None:
-        assert self._thr is not None
+    def _skip(self, total: float | Tensor) -> None:
+        if isinstance(total, float):  # host: decided here, no tensor op on a healthy step
+            thr = self.watcher.threshold()
+            if (total > thr) if self._amp_fp16 else not total <= thr:
+                for p in self._params:
+                    if p.grad is not None and is_plain(p.grad):
+                        p.grad.zero_()
+                    elif p.grad is not None:  # sparse layouts: scaled, as on the device path
+                        p.grad.mul_(0.0)
+                self.skipped_steps += 1
+            return
+        if self._thr is None:
+            self._thr = torch.full((), self.watcher.threshold(), device=total.device)
         skip = total > self._thr if self._amp_fp16 else ~(total <= self._thr)
         for p in self._params:
             if p.grad is not None:
@@ -321,36 +323,37 @@ class GradientMonitor(TriageCallback, WindowMixin):
         if not self._need_loss:
             return
         self._need_loss = False
-        loss = step_loss(outputs)
+        buf = self._buf
+        assert buf is not None
         # the loss only tells whether a loss spike followed a gradient spike: a ratio to its own
-        # recent level, so the accumulation factor does not matter (no op per step for it)
-        if loss is None:
-            value = torch.full((), math.nan, device=self._p_norms[-1][0].device)
+        # recent level, so the accumulation factor does not matter (no op per step for it);
+        # every step of the batch gets it (manual optimization: several steps)
+        loss, value = self.step_state.loss(outputs)
+        if buf.data is None:
+            for r in range(self._loss_from, buf.n):
+                buf.rows[r][-1] = math.nan if value is None else value
+        elif loss is None:
+            buf.data[self._loss_from:buf.n, -1].fill_(math.nan)
         else:
-            value = loss.detach()
-            value = value.reshape(()) if value.dim() else value
-        while len(self._p_loss) < len(self._p_norms):  # manual optimization: several steps
-            self._p_loss.append(value)
+            buf.data[self._loss_from:buf.n, -1].fill_(loss.to(buf.device))
+        self._loss_from = buf.n
         if self._snap is not None:
             weights = [self._params[j].detach() for j in self._weight_idx]
             dn, wn = update_norms(weights, self._snap)
             self._ratio_rows.append(dn / wn)
             self._snap = None
-        if len(self._p_norms) >= self.flush_interval(trainer):
+        if buf.n >= self.flush_interval(trainer):
             self._flush(trainer)
 
     # ------------------------------------------------------------------ flush
     def _flush(self, trainer: pl.Trainer, epoch_done: bool = False, final: bool = False) -> None:
-        n = min(len(self._p_norms), len(self._p_loss))
-        if n:
-            per = torch.stack([v for step in self._p_norms[:n] for v in step]).float()
-            per = per.view(n, len(self._params))
-            total = torch.linalg.vector_norm(per, dim=1)
-            loss = torch.stack(self._p_loss[:n]).float()
-            mat = torch.cat([total[:, None], per, loss.to(per.device)[:, None]], dim=1)
-            rows = mat.cpu().double().numpy()  # the one host transfer of the chunk
-            steps = self._p_steps[:n]
-            del self._p_norms[:n], self._p_loss[:n], self._p_steps[:n]
+        n = self._loss_from  # the rows whose loss is written
+        buf = self._buf
+        if n and buf is not None:
+            if buf.data is not None:  # the device: every step's total norm, once per chunk
+                buf.data[:n, 0] = torch.linalg.vector_norm(buf.data[:n, 1:-1], dim=1)
+            steps, rows = buf.take(n)  # the one host transfer of the chunk
+            self._loss_from = 0
             if self._skipped is not None:
                 self.skipped_steps = self._skipped_base + int(self._skipped)
             self.mark_ran()

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
@@ -25,6 +24,7 @@ from lightning_triage.callbacks._monitor import (
     step_counter,
     validate_window,
 )
+from lightning_triage.callbacks._step import RowBuffer, StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.callbacks.initial_loss import validate_task
 from lightning_triage.functional.batch import split_batch
@@ -62,8 +62,11 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     the loss and reports ``curve.loss_spike`` (step, size, level before) and ``curve.diverging``
     (a sustained rise, or NaN/Inf) for the rest of the run, marked ``"after_window": true``.
 
-    Losses stay on the device and move to the host every ``flush_every`` steps (default: the
-    smallest multiple of ``log_every_n_steps`` >= 100): no host synchronization per step. The
+    Losses stay on the device (in a preallocated buffer) and move to the host every
+    ``flush_every`` steps (default: the smallest multiple of ``log_every_n_steps`` >= 100): no
+    host synchronization per step; on CPU, where a host read is free, they are read as they
+    come. Inside :class:`~lightning_triage.Triage` the loss is read once per step for this
+    monitor and the gradient watch together. The
     running level and the findings go to the trainer's loggers under ``triage/``.
 
     Findings: ``curve.not_learning``, ``curve.lr_too_low``, ``curve.lr_too_high``,
@@ -136,6 +139,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self.max_points = max_points
         self.thresholds = CurveThresholds()
         self.chance: ChanceLevel | None = None
+        #: the per-step reads (shared with the other watches inside the ``Triage`` bundle)
+        self.step_state = StepState()
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -149,8 +154,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self.val_series = BoundedSeries(self.max_points)
         self.counts = {"spikes_after_window": 0, "divergences_after_window": 0}
         self._reported: set[tuple[str, int]] = set()
-        self._pending: list[Tensor] = []
-        self._pending_steps: list[int] = []
+        self._buf: RowBuffer | None = None  # this chunk's losses, on the device on accelerators
         self._scale_by = 1
         self._flush_n: int | None = None
         self._val_sum: Tensor | None = None
@@ -206,23 +210,31 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         accumulate = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
         if (batch_idx + 1) % accumulate and not trainer.is_last_batch:
             return
-        loss = step_loss(outputs)
+        loss, value = self.step_state.loss(outputs)
         if loss is None:
             return
+        buf = self._buf
+        if buf is not None and buf.host != (value is not None):  # resumed on another device
+            self._flush(trainer)
+            buf = None
+        if buf is None:
+            buf = self._buf = RowBuffer(1, self.flush_interval(trainer) + 8, loss.device,
+                                        host=value is not None)
         # the accumulation factor is applied on the host at the flush (no op per step)
         self._scale_by = accumulate
-        value = loss.detach()
-        self._pending.append(value.reshape(()) if value.dim() else value)
         step = trainer.global_step if self._steps is None else self._steps.completed
-        self._pending_steps.append(max(step - 1, 0))
-        if len(self._pending) >= self.flush_interval(trainer):
+        i = buf.next_row(max(step - 1, 0))
+        if buf.data is None:
+            buf.rows[i] = [value]  # type: ignore[list-item]
+        else:
+            buf.data[i, 0].fill_(loss.to(buf.device))
+        if buf.n >= self.flush_interval(trainer):
             self._flush(trainer)
 
     def _flush(self, trainer: pl.Trainer, epoch_done: bool = False) -> None:
-        if self._pending:
-            stacked = torch.stack(self._pending).float()
-            values = (stacked.cpu() * self._scale_by).tolist()
-            steps, self._pending, self._pending_steps = self._pending_steps, [], []
+        if self._buf is not None and self._buf.n:
+            steps, rows = self._buf.take()
+            values = (rows[:, 0] * self._scale_by).tolist()
             self.mark_ran()
             self._consume(trainer, steps, values)
         if not self.window_closed and self.train and self.window_over(
@@ -461,7 +473,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
 
     @override
     def extra_state(self) -> dict[str, Any]:
-        pending = [float(v) * self._scale_by for v in self._pending]
+        steps, rows = ([], None) if self._buf is None else self._buf.peek()
+        pending = [] if rows is None else (rows[:, 0] * self._scale_by).tolist()
         return {
             "window_closed": self.window_closed, "train": list(self.train),
             "train_steps": list(self.train_steps), "val": [list(v) for v in self.val],
@@ -471,7 +484,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             "train_series": self.train_series.state_dict(),
             "val_series": self.val_series.state_dict(), "counts": dict(self.counts),
             "reported": [list(k) for k in self._reported],
-            "pending": pending, "pending_steps": list(self._pending_steps),
+            "pending": pending, "pending_steps": steps,
             "val_runs": self._val_runs, "window_n": self._window_n,
         }
 
@@ -492,8 +505,11 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self.val_series.load_state_dict(state.get("val_series", {}))
         self.counts.update(state.get("counts", {}))
         self._reported = {(str(c), int(s)) for c, s in state.get("reported", [])}
-        self._pending = [torch.tensor(v) for v in state.get("pending", [])]
-        self._pending_steps = [int(s) for s in state.get("pending_steps", [])]
+        pending = [float(v) for v in state.get("pending", [])]
+        if pending:  # already scaled; read on the host
+            self._buf = RowBuffer(1, len(pending) + 8)
+            for s, v in zip(state.get("pending_steps", []), pending, strict=False):
+                self._buf.rows[self._buf.next_row(int(s))] = [v]
         self._val_runs = int(state.get("val_runs", 0))
         self._window_n = int(state.get("window_n", 0))
 

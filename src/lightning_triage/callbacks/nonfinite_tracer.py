@@ -17,13 +17,13 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage.callbacks._monitor import StepCounter, step_counter
+from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import split_batch
 from lightning_triage.functional.nonfinite import (
     Localization,
     dtype_max,
     float_tensors,
-    gradients_nonfinite,
     localize_nonfinite,
     max_abs,
     nonfinite_examples,
@@ -80,13 +80,14 @@ def _finite(value: Tensor | None) -> bool:
     return value is None or math.isfinite(float(value))
 
 
-def _healthy(flag: Tensor | None, peak: Tensor | None) -> bool:
-    """One host read: a raised gradient flag (``> 0``) or a non-finite peak means a problem."""
-    if peak is None:
-        return flag is None or flag.item() == 0.0
-    if flag is not None:  # log1p(-flag): 0 for a clear flag, -inf for a raised one
-        peak = peak.to(flag.device) + torch.log1p(-flag).reshape(())
-    return math.isfinite(peak.item())
+def _healthy(total: float | Tensor | None, peak: Tensor | None) -> bool:
+    """At most one host read: a non-finite total gradient norm or a non-finite peak means a
+    problem (a NaN/Inf in any gradient makes its norm, hence the total, non-finite)."""
+    if isinstance(total, float):  # read on the host already (CPU)
+        return math.isfinite(total) and (peak is None or math.isfinite(peak.item()))
+    if total is None:
+        return peak is None or math.isfinite(peak.item())
+    return math.isfinite((total if peak is None else total + peak.to(total.device)).item())
 
 
 def _to_float32(batch: Any) -> Any:
@@ -100,8 +101,10 @@ class NonFiniteTracer(TriageCallback):
     """Watch every training step for NaN/Inf and say exactly where the first one was born.
 
     **Detection** (every step, cheap, no per-module hooks): the loss (``on_before_backward``), the
-    gradients through GradScaler's fused non-finite check (``on_before_optimizer_step``, before
-    the update, so the weights are still finite) and the parameters the updates write.
+    gradients through their total norm (``on_before_optimizer_step``, before the update, so the
+    weights are still finite: one ``torch._foreach_norm``, shared with
+    :class:`~lightning_triage.GradientMonitor` inside :class:`~lightning_triage.Triage`) and the
+    parameters the updates write.
 
     **Localization** (only when a step goes non-finite, in ``"sync"`` mode): the step's batch
     (kept by reference from ``on_train_batch_start``) is replayed with the pre-step weights and
@@ -220,6 +223,8 @@ class NonFiniteTracer(TriageCallback):
         self._cuda: torch.device | None = None
         self._world_size = 1
         self._steps: StepCounter | None = None
+        #: the per-step reads (shared with the other watches inside the ``Triage`` bundle)
+        self.step_state = StepState()
         # per-batch state
         self._batch: Any = None
         self._batch_idx = 0
@@ -237,7 +242,6 @@ class NonFiniteTracer(TriageCallback):
         self._bits: Tensor | None = None
         self._first_dev: Tensor | None = None
         self._losses: list[Tensor] = []
-        self._found: dict[torch.device, tuple[Tensor, Tensor]] = {}
         # near-overflow sampling
         self._peaks: list[tuple[str, Tensor]] | None = None
         self._near_reported: set[str] = set()
@@ -248,6 +252,8 @@ class NonFiniteTracer(TriageCallback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self.step_state.reset()
+        self.step_state.automatic = pl_module.automatic_optimization
         device = trainer.strategy.root_device
         self._sync = self.mode == "sync" or (self.mode == "auto" and device.type == "cpu")
         self._reduced = _REDUCED.get(str(trainer.precision))
@@ -302,14 +308,12 @@ class NonFiniteTracer(TriageCallback):
                            loss: Tensor) -> None:
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             return
-        if self._sync and self._cpu:  # reading a CPU scalar is free
-            self._loss_bad = self._loss_bad or not math.isfinite(loss.item())
+        # read once for the tracer and (inside the bundle) the watches at the batch's end
+        value, host = self.step_state.note_loss(loss)
+        if self._sync and host is not None:  # reading a CPU scalar is free
+            self._loss_bad = self._loss_bad or not math.isfinite(host)
         else:  # no op here: joins the step's single reduction (every micro-batch's loss)
-            self._losses.append(loss.detach())
-
-    def _reset_found(self) -> None:
-        for found, _ in self._found.values():
-            found.zero_()
+            self._losses.append(value)
 
     def _read_loss(self) -> bool:
         """Sync mode: whether the loss of this step (any micro-batch so far) was non-finite."""
@@ -323,23 +327,31 @@ class NonFiniteTracer(TriageCallback):
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: Optimizer) -> None:
         self._stepped = True
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        grads = [p.grad for p in params if p.grad is not None]
+        # gradients: their total norm (the step state's one `_foreach_norm`, shared with the
+        # gradient watch), non-finite when any gradient is
+        state = self.step_state
+        if not state.params:
+            state.bind(pl_module)
+        total: float | Tensor | None = None
+        if state.params and (self._sync or not state.host):  # CPU deferred: the old path
+            state.read_grads(trainer.global_step if self._steps is None else self._steps.completed,
+                             optimizer)
+            total = state.total
         if not self._sync:
-            self._defer_step(grads, params)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self._defer_step([total] if isinstance(total, Tensor) else self._grads(params), params)
             return
-        # gradients: GradScaler's fused non-finite check into a flag kept on the device; the
-        # losses (accelerators) and the parameters (as the previous update left them, every
+        # the losses (accelerators) and the parameters (as the previous update left them, every
         # `check_every_n_steps` steps, whenever something is non-finite and at the end of
-        # training) join it in one host read
-        flag = gradients_nonfinite(grads, self._found)
+        # training) join the total in one host read (none on CPU, where it is read already)
         watched = self._losses
         if self.check_params and self._batch_step % self.check_every_n_steps == 0:
-            watched = [*watched, *params]
-        local_bad = self._loss_bad or not _healthy(flag, max_abs(watched) if watched else None)
+            watched = [*watched, *(p for group in optimizer.param_groups for p in group["params"])]
+        local_bad = self._loss_bad or not _healthy(total, max_abs(watched) if watched else None)
         params_bad = False
-        if local_bad:  # the rare path: find out which signal it was
-            self._reset_found()
+        if local_bad:  # the rare path: find out exactly which signal it was
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            grads = self._grads(params)
             loss_bad = self._read_loss()
             grad_peak = max_abs(grads)
             self._grad_peak = None if grad_peak is None else float(grad_peak)
@@ -351,6 +363,8 @@ class NonFiniteTracer(TriageCallback):
             elif grad_bad and not loss_bad and self._has_scaler:
                 self.scaler_skips += 1  # the scaler skips this step, lowers its scale: normal
                 local_bad = False
+            elif not (loss_bad or grad_bad):
+                local_bad = False  # a total norm that overflowed on finite gradients
         self._losses = []
         if not self._any_rank(trainer, local_bad):
             self._window_handled = False
@@ -360,6 +374,10 @@ class NonFiniteTracer(TriageCallback):
         self._handled = True
         self._window_handled = False
         self._apply_policy(trainer, optimizer)
+
+    @staticmethod
+    def _grads(params: Sequence[Tensor]) -> list[Tensor]:
+        return [p.grad for p in params if p.grad is not None]
 
     @override
     @guarded
@@ -771,7 +789,6 @@ class NonFiniteTracer(TriageCallback):
         for key in ("_batch", "_rng", "_cuda_rng", "_bits", "_first_dev", "_peaks"):
             state[key] = None
         state["_losses"] = []
-        state["_found"] = {}
         return state
 
 

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
 from lightning_triage.callbacks.eval_mode import EvalModeCheck
@@ -189,7 +190,15 @@ class Triage(Callback):
         self.log_findings = log_findings
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, html=html,
                                    log_findings=log_findings, fail_on=fail_on, strict=strict)
+        # one step path: the watches that stay on read the loss and the gradient norms once per
+        # step together (the first to ask computes, the others read)
+        self.step_state = StepState()
+        for check in self.checks:
+            if isinstance(getattr(check, "step_state", None), StepState):
+                check.step_state = self.step_state  # type: ignore[attr-defined]
         self._callees_by_hook: dict[str, list[tuple[Callback, Callable[..., Any], bool]]] = {}
+        self._active: dict[str, list[tuple[Callback, Callable[..., Any], bool]]] = {}
+        self._active_version = -1
 
     @property
     def triage_checks(self) -> Sequence[TriageCallback]:
@@ -223,26 +232,39 @@ class Triage(Callback):
     def _each(self, hook: str, trainer: pl.Trainer, *args: Any) -> None:
         """Call ``hook`` on every check that implements it, the report last; per-step hooks
         skip the checks that are done with their per-step work (``idle``)."""
-        callees = self._callees_by_hook.get(hook)
-        if callees is None:
-            callees = self._callees_by_hook[hook] = self._callees(hook)
-        per_step = hook in _PER_STEP
+        if hook in _PER_STEP:
+            if self._active_version != TriageCallback.idle_version:
+                self._active, self._active_version = {}, TriageCallback.idle_version
+            callees = self._active.get(hook)
+            if callees is None:  # the per-step callees, rebuilt when a check goes idle
+                callees = self._active[hook] = [
+                    c for c in self._all_callees(hook)
+                    if not (isinstance(c[0], TriageCallback) and c[0].idle)]
+        else:
+            callees = self._all_callees(hook)
         for cb, fn, guarded in callees:
             if not guarded:
                 fn(trainer, *args)
                 continue
             assert isinstance(cb, TriageCallback)
-            if cb.disabled or (per_step and cb.idle):
+            if cb.disabled:
                 continue
             try:
                 fn(cb, trainer, *args)
             except Exception as exc:
                 cb.hook_failed(trainer, hook, exc)
 
+    def _all_callees(self, hook: str) -> list[tuple[Callback, Callable[..., Any], bool]]:
+        callees = self._callees_by_hook.get(hook)
+        if callees is None:
+            callees = self._callees_by_hook[hook] = self._callees(hook)
+        return callees
+
     # ------------------------------------------------------------------ state
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_callees_by_hook"] = {}  # functions and bound methods: rebuilt on first use
+        state["_active"], state["_active_version"] = {}, -1
         return state
 
     @override
@@ -259,6 +281,7 @@ class Triage(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._callees_by_hook = {}  # `checks` may have been edited since the last fit
+        self._active, self._active_version = {}, -1
         for check in self.checks:
             check.idle = False
         self._each("setup", trainer, pl_module, stage)
