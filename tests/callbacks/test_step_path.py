@@ -189,8 +189,10 @@ class CoinNet(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-@pytest.mark.parametrize(("seed", "device_like"), [(0, False), (1, False), (2, False),
-                                                  (3, False), (0, True), (1, True)])
+# seeds whose armed draw (torch's CPU generator, the same on every machine) takes each branch:
+# 0 and 5 blow up `net.a`'s output, 4 and 7 `net.b`'s; the assertion holds for either branch
+@pytest.mark.parametrize(("seed", "device_like"), [(0, False), (4, False), (5, False),
+                                                  (7, False), (0, True), (4, True)])
 def test_nan_step_is_replayed_exactly_by_the_bundle(tmp_path: Path, seed: int,
                                                     device_like: bool) -> None:
     pl.seed_everything(seed, verbose=False)
@@ -205,9 +207,11 @@ def test_nan_step_is_replayed_exactly_by_the_bundle(tmp_path: Path, seed: int,
     tracer = bundle.check("NonFiniteTracer")
     forward = [f for f in tracer.findings if f.code == "numerics.nonfinite_forward"]
     assert len(forward) == 1 and forward[0].global_step == 30
-    first, *replays = model.net.draws
-    assert replays and all(d == first for d in replays)  # the replay drew the same coin
-    # the first module whose output is non-finite: the one after the branch that blew up
+    # the replay ran on a copy of the module: the live module drew its coin once, at the real step
+    assert tracer.replay_calls >= 1  # type: ignore[attr-defined]
+    (first,) = model.net.draws
+    # the replay drew the same coin: it names the module after the branch that blew up at the
+    # real step (over the seeds both branches occur)
     assert forward[0].layer == ("net.b" if first == 0 else "net.head")
 
 
