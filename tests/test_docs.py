@@ -135,6 +135,12 @@ def _yaml_callbacks(path: Path) -> list[dict]:
     return callbacks
 
 
+def test_templates_page_shows_the_shipped_config() -> None:
+    shipped = (DOCS.parent / "configs" / "triage.yaml").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", (DOCS / "templates.md").read_text(), flags=re.DOTALL)
+    assert shipped in blocks, "docs/templates.md: paste configs/triage.yaml as it is"
+
+
 @pytest.mark.parametrize("page", ["templates.md", "configuration.md", "../README.md"])
 def test_yaml_examples_build_the_callbacks(page: str) -> None:
     callbacks = _yaml_callbacks(DOCS / page)
