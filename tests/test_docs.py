@@ -135,6 +135,12 @@ def _yaml_callbacks(path: Path) -> list[dict]:
     return callbacks
 
 
+def test_templates_page_shows_the_shipped_config() -> None:
+    shipped = (DOCS.parent / "configs" / "triage.yaml").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", (DOCS / "templates.md").read_text(), flags=re.DOTALL)
+    assert shipped in blocks, "docs/templates.md: paste configs/triage.yaml as it is"
+
+
 @pytest.mark.parametrize("page", ["templates.md", "configuration.md", "../README.md"])
 def test_yaml_examples_build_the_callbacks(page: str) -> None:
     callbacks = _yaml_callbacks(DOCS / page)
@@ -168,3 +174,19 @@ def test_gallery_shows_real_messages_of_registered_codes() -> None:
     for code, severity, _, message in entries:
         assert code in CODES, f"gallery shows an unregistered code {code!r}"
         assert severity in ("error", "warning", "info") and message.strip()
+
+
+def test_sample_html_report_is_a_self_contained_triage_report() -> None:
+    """docs/samples/report_lr50.html (docs/make_report_sample.py): a lightning-triage page with
+    its plots inline, nothing fetched from the network, small enough to commit; the page embeds
+    it."""
+    sample = DOCS / "samples" / "report_lr50.html"
+    text = sample.read_text(encoding="utf-8")
+    assert sample.stat().st_size < 300_000
+    assert text.startswith("<!DOCTYPE html>") and "<title>lightning-triage: DigitsMLP</title>" in text
+    assert "Start here" in text and "curve.diverging" in text and "explained by" in text
+    assert re.search(r"<img src=\"data:image/png;base64,", text), "plots are not inline"
+    assert not re.search(r"(src|href)=\"(?!data:|#)", text), "the page links to a file or URL"
+    assert "http://" not in text and "https://" not in text
+    assert 'src="../samples/report_lr50.html"' in (DOCS / "report_sample.md").read_text()
+
