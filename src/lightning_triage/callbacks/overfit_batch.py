@@ -631,8 +631,7 @@ class OverfitBatchCheck(TriageCallback):
             f"Could not overfit {run.examples} examples of the first batch: loss "
             f"{losses[0]:.4g} -> best {best:.4g}, last {final:.4g} after {len(losses)} steps "
             f"({run.seconds:.2f} s, {opt_text}{target}). Likely cause: {causes[0]}."
-            + (f" Also: {'; '.join(causes[1:])}." if len(causes) > 1 else "")
-            + " Check the `wiring.*` findings first.",
+            + (f" Also: {'; '.join(causes[1:])}." if len(causes) > 1 else ""),
             evidence=evidence, global_step=0,
         )
 
