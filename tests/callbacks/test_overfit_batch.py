@@ -87,7 +87,7 @@ def test_double_softmax_fails_with_the_floor(tmp_path: Path) -> None:
     assert f.evidence["floor"] == pytest.approx(1.4612, abs=1e-3)
     assert f.evidence["best"] >= 1.43
     assert "probabilities" in f.evidence["causes"][0]
-    assert "`wiring.*`" in f.message
+    assert "`overfit.loss_on_probabilities`" in f.message  # the likely cause links to its finding
     assert check.check_status()["status"] == "failed"
 
 
