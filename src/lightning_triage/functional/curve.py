@@ -384,13 +384,17 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
             declining = False
         if declining and (progress > 0 or val_falling):
             rate = (float(v[0] - v[-1]) / abs(float(v[0]))) if val_falling else progress
-            return CurveVerdict(
-                "curve.lr_too_low", last,
-                f"the loss declines slowly and steadily: {_fmt(start)} -> {_fmt(end)} over {n} "
-                f"steps ({100 * progress:.2f}%; slope {slope:.3g}/step, t = {t:.1f}"
-                + (f"; validation {_fmt(float(v[0]))} -> {_fmt(float(v[-1]))}, falling at "
-                   "every run" if val_falling else "") + ").",
-                {**ev, "relative_decrease": rate, "val_falling": val_falling})
+            # say which signal decided: the training trend, or a validation loss that falls at
+            # every run by amounts too small to show in the training noise
+            trend = (f"the training loss declines slowly and steadily: {_fmt(start)} -> "
+                     f"{_fmt(end)} over {n} steps ({100 * progress:.2f}%; slope {slope:.3g}/step, "
+                     f"t = {t:.1f})" if t < -th.trend_t else
+                     f"the training loss barely moves ({_fmt(start)} -> {_fmt(end)} over {n} "
+                     f"steps, t = {t:.1f})")
+            val_text = (f"; the validation loss falls at every run, by {100 * rate:.3g}% in all "
+                        f"({float(v[0]):.6g} -> {float(v[-1]):.6g})" if val_falling else "")
+            return CurveVerdict("curve.lr_too_low", last, f"{trend}{val_text}.",
+                                {**ev, "relative_decrease": rate, "val_falling": val_falling})
         if abs(progress) < th.flat_tol or val_constant or not declining:
             why = ("the validation loss is identical at every run (the weights do not change)"
                    if val_constant else f"no significant trend (t = {t:.1f})")
