@@ -462,6 +462,29 @@ def probe_module(trainer: pl.Trainer | None, module: nn.Module,
         set_rng_state(saved)
 
 
+
+@contextmanager
+def eval_copy(trainer: pl.Trainer, module: nn.Module, rng: RngState | None, *,
+              factor: float = 2.0) -> Iterator[Probe]:
+    """:func:`probe_module` for one pass of a differential probe: a fresh copy (or the live
+    module under a snapshot) in eval mode, with every global RNG set to ``rng`` (when given), so
+    that paired passes start from the same state."""
+    with probe_module(trainer, module, trainer.optimizers, factor=factor) as probe:
+        probe.module.eval()
+        if rng is not None:
+            set_rng_state(rng)
+        yield probe
+
+
+def run_user_step(trainer: pl.Trainer, module: Any, batch: Any,
+                  forward_fn: Callable[[Any, Any], Any] | None = None) -> Any:
+    """The user's ``training_step`` (or ``forward_fn(module, batch)``) on ``batch``, in the run's
+    precision context as the real step; its exceptions become :class:`UserCodeError`."""
+    with trainer.precision_plugin.train_step_context(), user_code():
+        if forward_fn is not None:
+            return forward_fn(module, batch)
+        return module.training_step(batch, 0)
+
 # ---------------------------------------------------------------------- the in-place snapshot
 #: Attributes of ``nn.Module`` that the snapshot handles itself (or must not touch).
 _MODULE_INTERNALS = frozenset({"_parameters", "_buffers", "_modules", "training",

@@ -29,10 +29,10 @@ from lightning_triage.probing import (
     ProbeUnavailableError,
     UserCodeError,
     copy_first_examples,
-    probe_module,
+    eval_copy,
     rng_state,
+    run_user_step,
     set_rng_state,
-    user_code,
 )
 
 
@@ -201,12 +201,10 @@ class PaddingProbe(TriageCallback):
 
         def run(b: Any) -> Recording:
             # a fresh copy per pass, every RNG as at the start: paired passes start alike
-            with probe_module(trainer, pl_module, trainer.optimizers, factor=1.0) as probe, \
-                    torch.no_grad(), warnings.catch_warnings():
+            with eval_copy(trainer, pl_module, saved, factor=1.0) as probe, torch.no_grad(), \
+                    warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.results["isolation"] = probe.how
-                probe.module.eval()
-                set_rng_state(saved)
                 with record_outputs(probe.module, n) as rec:
                     self._run(trainer, probe.module, b)
                 return rec
@@ -306,10 +304,7 @@ class PaddingProbe(TriageCallback):
 
     def _run(self, trainer: pl.Trainer, module: nn.Module, batch: Any) -> Any:
         self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
-        with trainer.precision_plugin.train_step_context(), user_code():
-            if self.forward_fn is not None:
-                return self.forward_fn(module, batch)  # type: ignore[arg-type]
-            return module.training_step(batch, 0)  # type: ignore[operator]
+        return run_user_step(trainer, module, batch, self.forward_fn)
 
     # ------------------------------------------------------------------ state
     @override

@@ -40,10 +40,9 @@ from lightning_triage.probing import (
     RngState,
     UserCodeError,
     copy_first_examples,
-    probe_module,
+    eval_copy,
     rng_state,
-    set_rng_state,
-    user_code,
+    run_user_step,
 )
 
 ForwardFn = Callable[[pl.LightningModule, Any], Any]
@@ -368,21 +367,15 @@ class StructureProbe(TriageCallback):
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
         """The user's code on a batch, in the run's precision context (as the real step)."""
         self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
-        with trainer.precision_plugin.train_step_context(), user_code():
-            if self.forward_fn is not None:
-                return self.forward_fn(pl_module, batch)
-            return pl_module.training_step(batch, 0)
+        return run_user_step(trainer, pl_module, batch, self.forward_fn)
 
     @contextmanager
     def _model(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Iterator[Any]:
         """A fresh deep copy of the module for one pass (or the live module under a snapshot
         when a copy does not fit), in eval mode, with every global RNG as at the probe's start:
         paired passes start from the same state."""
-        with probe_module(trainer, pl_module, trainer.optimizers, factor=2.0) as probe:
+        with eval_copy(trainer, pl_module, self._rng, factor=2.0) as probe:
             self.results["isolation"] = probe.how
-            probe.module.eval()
-            if self._rng is not None:
-                set_rng_state(self._rng)
             yield probe.module
 
     def _gate(self, trainer: pl.Trainer, slot: int, ready: bool) -> bool:
