@@ -32,7 +32,6 @@ from lightning_triage.callbacks._step import RowBuffer, StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.gradients import (
     GradThresholds,
-    GradVerdict,
     alive_units,
     classify_gradients,
     jumped_first,
@@ -44,6 +43,7 @@ from lightning_triage.functional.gradients import (
 from lightning_triage.functional.series import BoundedSeries
 from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
 from lightning_triage.functional.tensors import is_plain
+from lightning_triage.functional.verdict import Verdict
 
 OnSpike = Literal["warn", "skip"]
 _UNIT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -207,7 +207,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._flush_n: int | None = None
         self._layer_base: np.ndarray | None = None
         self._pending_spikes: list[SpikeEvent] = []
-        self._reported: set[tuple[str, int]] = set()
+        self._reported: set[tuple[str, int | None]] = set()
         # per-layer norms for the report's heatmap: bounded (decimated like `BoundedSeries`)
         self.layer_names: list[str] = []
         self._layer_of: np.ndarray | None = None
@@ -388,7 +388,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             self.w_rows.extend(per[:room])
             verdicts = self._classify(final=False)
             last = self.w_steps[-1] - self.thresholds.follow_steps
-            self._report(trainer, [v for v in verdicts if v.code != "grad.spike" or v.step <= last],
+            self._report(trainer, [v for v in verdicts if v.code != "grad.spike" or (v.step or 0) <= last],
                          after_window=False)
         self._watch(trainer, steps, totals, per)
 
@@ -423,12 +423,12 @@ class GradientMonitor(TriageCallback, WindowMixin):
                     self._pending_spikes.append(e)
             elif e.kind == "sustained" and e.value > e.level:
                 self.counts["explosions_after_window"] += 1
-                self._report(trainer, [GradVerdict(
+                self._report(trainer, [Verdict(
                     "grad.exploding", e.step,
                     f"the total gradient norm jumped from a running level of {e.level:.3g} to "
                     f"{e.value:.3g} ({e.ratio:.1f}x) at step {e.step} and stayed there "
-                    f"(confirmed at step {e.confirmed_step}).", None,
-                    {"step": e.step, "norm": e.value, "level_before": e.level,
+                    f"(confirmed at step {e.confirmed_step}).", layer=None,
+                    evidence={"step": e.step, "norm": e.value, "level_before": e.level,
                      "ratio": e.ratio, "suggested_clip": suggest_clip(self.watcher.ring),
                      "kind": "sustained"})], after_window=True)
             elif e.kind == "nonfinite":
@@ -436,11 +436,11 @@ class GradientMonitor(TriageCallback, WindowMixin):
                 if not grew_before(totals, i, e.level, self.thresholds.growth / 10):
                     continue  # NaN/Inf out of the blue: the numerics stage locates it
                 self.counts["explosions_after_window"] += 1
-                self._report(trainer, [GradVerdict(
+                self._report(trainer, [Verdict(
                     "grad.exploding", e.step,
                     f"the total gradient norm became {e.value} at step {e.step} (running level "
-                    f"before: {e.level:.3g}).", None,
-                    {"step": e.step, "norm": str(e.value), "level_before": e.level,
+                    f"before: {e.level:.3g}).", layer=None,
+                    evidence={"step": e.step, "norm": str(e.value), "level_before": e.level,
                      "kind": "nonfinite"})], after_window=True)
 
     def _resolve_spikes(self, trainer: pl.Trainer, final: bool) -> None:
@@ -475,7 +475,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._pending_spikes = keep
 
     # ------------------------------------------------------------------ window
-    def _classify(self, final: bool, extra: Mapping[str, Any] | None = None) -> list[GradVerdict]:
+    def _classify(self, final: bool, extra: Mapping[str, Any] | None = None) -> list[Verdict]:
         rows = np.stack(self.w_rows) if self.w_rows else np.zeros((0, len(self._names)))
         layers = {_module_name(self._names[j]): rows[:, j] for j in self._weight_idx}
         return classify_gradients(self.w_total, steps=self.w_steps, layers=layers,
@@ -507,7 +507,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._alive, self._snap, self._ratio_rows = None, None, []
 
     # ------------------------------------------------------------------ findings
-    def _report(self, trainer: pl.Trainer, verdicts: list[GradVerdict], after_window: bool) -> None:
+    def _report(self, trainer: pl.Trainer, verdicts: list[Verdict], after_window: bool) -> None:
         for v in verdicts:
             key = (v.code, v.step)
             if key in self._reported or len(self._reported) > 200:

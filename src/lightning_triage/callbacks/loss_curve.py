@@ -34,11 +34,12 @@ from lightning_triage.functional.chance import (
     Task,
     resolve_chance,
 )
-from lightning_triage.functional.curve import CurveThresholds, CurveVerdict, classify_curve
+from lightning_triage.functional.curve import CurveThresholds, classify_curve
 from lightning_triage.functional.hooks import HeadCapture
 from lightning_triage.functional.overfit import batch_size_of
 from lightning_triage.functional.series import BoundedSeries
 from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
+from lightning_triage.functional.verdict import Verdict
 from lightning_triage.probing import step_loss
 
 _HINTS = {
@@ -153,7 +154,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self.train_series = BoundedSeries(self.max_points)
         self.val_series = BoundedSeries(self.max_points)
         self.counts = {"spikes_after_window": 0, "divergences_after_window": 0}
-        self._reported: set[tuple[str, int]] = set()
+        self._reported: set[tuple[str, int | None]] = set()
         self._buf: RowBuffer | None = None  # this chunk's losses, on the device on accelerators
         self._scale_by = 1
         self._flush_n: int | None = None
@@ -258,7 +259,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 log_to_loggers(trainer, {"triage/loss_level": self.watcher.level}
                                if math.isfinite(self.watcher.level) else {}, steps[-1])
 
-    def _classify(self, final: bool) -> list[CurveVerdict]:
+    def _classify(self, final: bool) -> list[Verdict]:
         prior = self.chance.prior if self.chance is not None and self.chance.task != "regression" \
             else None
         return classify_curve(self.train, steps=self.train_steps, val=self.val,
@@ -279,7 +280,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self.train, self.train_steps = [], []  # the window's values are no longer needed
 
     # ------------------------------------------------------------------ findings
-    def _report(self, trainer: pl.Trainer, verdicts: list[CurveVerdict], after_window: bool) -> None:
+    def _report(self, trainer: pl.Trainer, verdicts: list[Verdict], after_window: bool) -> None:
         for v in verdicts:
             key = (v.code, v.step)
             if key in self._reported or (v.code == "curve.healthy" and self.findings):

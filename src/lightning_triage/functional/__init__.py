@@ -19,7 +19,6 @@ from lightning_triage.functional.chance import (
 )
 from lightning_triage.functional.curve import (
     CurveThresholds,
-    CurveVerdict,
     classify_curve,
 )
 from lightning_triage.functional.data import (
@@ -42,7 +41,6 @@ from lightning_triage.functional.data import (
 )
 from lightning_triage.functional.gradients import (
     GradThresholds,
-    GradVerdict,
     classify_gradients,
     grad_norms,
     suggest_clip,
@@ -93,6 +91,7 @@ from lightning_triage.functional.structure import (
     output_change,
     redraw_targets,
 )
+from lightning_triage.functional.verdict import Verdict
 from lightning_triage.functional.wiring import (
     ModuleGroup,
     WiringResult,
@@ -110,11 +109,9 @@ __all__ = [
     "CausalDependence",
     "ChanceLevel",
     "CurveThresholds",
-    "CurveVerdict",
     "FeatureMoments",
     "FingerprintStore",
     "GradThresholds",
-    "GradVerdict",
     "LabelSignal",
     "Localization",
     "LossWatch",
@@ -125,6 +122,7 @@ __all__ = [
     "SpikeWatch",
     "TensorStats",
     "TensorSummary",
+    "Verdict",
     "WiringResult",
     "all_finite",
     "analyze_wiring",

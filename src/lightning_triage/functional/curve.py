@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from lightning_triage.functional.spikes import detect_spikes, grew_before
+from lightning_triage.functional.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -98,23 +99,6 @@ class CurveThresholds:
     overfit_z: float = 2.0
 
 
-@dataclass(frozen=True)
-class CurveVerdict:
-    """One verdict of :func:`classify_curve`: a ``curve.*`` code at a step, with the numbers.
-
-    Example:
-        >>> falling = [2.3 * 0.97**i for i in range(60)]
-        >>> verdict = classify_curve(falling, chance=2.3)[0]
-        >>> verdict.code, verdict.step
-        ('curve.healthy', 59)
-    """
-
-    code: str
-    step: int
-    message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
 def _slope_t(y: np.ndarray) -> tuple[float, float]:
     """Least-squares slope per step of ``y`` and its t-statistic (0, 0 when undefined)."""
     n = y.size
@@ -156,7 +140,7 @@ def classify_curve(
     final: bool = True,
     thresholds: CurveThresholds | None = None,
     val_examples: int | None = None,
-) -> list[CurveVerdict]:
+) -> list[Verdict]:
     """Classify a loss curve.
 
     Args:
@@ -189,7 +173,7 @@ def classify_curve(
     if st.size != n:
         raise ValueError(f"`steps` has {st.size} values for {n} training losses.")
     vals = [(int(s), float(v)) for s, v in (val or [])]
-    out: list[CurveVerdict] = []
+    out: list[Verdict] = []
     if n == 0:
         return out
     finite = np.isfinite(x)
@@ -204,11 +188,11 @@ def classify_curve(
                                        warmup=th.spike_warmup)
               if e.kind == "spike"]
     spike_verdicts = [
-        CurveVerdict(
+        Verdict(
             "curve.loss_spike", int(st[e.step]),
             f"loss spike at step {int(st[e.step])}: {_fmt(e.value)}, {e.ratio:.1f}x the running "
             f"level {_fmt(e.level)} (robust std {_fmt(e.spread)}).",
-            {"step": int(st[e.step]), "value": e.value, "level_before": e.level,
+            evidence={"step": int(st[e.step]), "value": e.value, "level_before": e.level,
              "spread": e.spread, "ratio": e.ratio,
              "back_to_level_within": _recovery(x, e.step, e.level, e.spread, th)})
         for e in spikes[: th.max_spikes]]
@@ -230,11 +214,11 @@ def classify_curve(
     if events:
         return events
     start, end = float(np.median(x[: max(3, n // 10)])), float(np.median(x[-max(5, n // 4):]))
-    return [CurveVerdict(
+    return [Verdict(
         "curve.healthy", int(st[-1]),
         f"the loss fell from {_fmt(start)} to {_fmt(end)} over {n} steps without spikes, "
         "rebounds or plateaus.",
-        {"start": start, "end": end, "steps": n})]
+        evidence={"start": start, "end": end, "steps": n})]
 
 
 def _recovery(x: np.ndarray, i: int, level: float, spread: float, th: CurveThresholds
@@ -247,7 +231,7 @@ def _recovery(x: np.ndarray, i: int, level: float, spread: float, th: CurveThres
 
 
 def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: float,
-                th: CurveThresholds) -> CurveVerdict | None:
+                th: CurveThresholds) -> Verdict | None:
     finite = np.isfinite(x)
     if not finite.all():
         i = int(np.argmin(finite))
@@ -255,19 +239,19 @@ def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], st
             return None  # NaN/Inf out of the blue: a numerics bug, not the curve's shape
         last = float(x[i - 1]) if i > 0 else math.nan
         early = " so early that the learning rate is the first suspect" if i < 50 else ""
-        return CurveVerdict(
+        return Verdict(
             "curve.diverging", int(st[i]),
             f"the training loss became {x[i]} at step {int(st[i])}{early} (step-0 loss "
             f"{_fmt(step0)}, last finite value {_fmt(last)}).",
-            {"first_nonfinite_step": int(st[i]), "value": str(x[i]), "step0": step0,
+            evidence={"first_nonfinite_step": int(st[i]), "value": str(x[i]), "step0": step0,
              "last_finite": last, "max_finite": float(np.max(x[:i])) if i else math.nan})
     for s, v in vals:
         if not math.isfinite(v):
-            return CurveVerdict(
+            return Verdict(
                 "curve.diverging", s,
                 f"the validation loss became {v} at step {s} while the training loss was "
                 f"finite (step-0 loss {_fmt(step0)}).",
-                {"first_nonfinite_val_step": s, "value": str(v), "step0": step0})
+                evidence={"first_nonfinite_val_step": s, "value": str(v), "step0": step0})
     if not math.isfinite(step0) or step0 <= 0 or x.size < th.smooth:
         return None
     med = _running_median(x, th.smooth)
@@ -279,17 +263,17 @@ def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], st
     first = int(below[-1]) + 1 if below.size else 0
     i = first + th.smooth - 1  # the step at which the running median crossed
     slope, _ = _slope_t(np.log(np.maximum(x[first:], 1e-30)))
-    return CurveVerdict(
+    return Verdict(
         "curve.diverging", int(st[i]),
         f"the training loss grew to {_fmt(float(med[-1]))} (running median), "
         f"{med[-1] / step0:.3g}x the step-0 loss {_fmt(step0)}, and has stayed above "
         f"{th.diverge_ratio:g}x since step {int(st[i])}.",
-        {"step0": step0, "level": float(med[-1]), "ratio_to_step0": float(med[-1] / step0),
+        evidence={"step0": step0, "level": float(med[-1]), "ratio_to_step0": float(med[-1] / step0),
          "since_step": int(st[i]), "log_slope_per_step": slope})
 
 
 def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
-                 th: CurveThresholds, val_examples: int | None = None) -> CurveVerdict | None:
+                 th: CurveThresholds, val_examples: int | None = None) -> Verdict | None:
     if len(vals) < 3:
         return None
     v = np.array([val for _, val in vals])
@@ -319,13 +303,13 @@ def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
         if not tr_now < tr_best:
             continue  # training loss not falling: not overfitting (maybe lr_too_high)
         gap_best, gap_now = best - tr_best, float(v[j]) - tr_now
-        return CurveVerdict(
+        return Verdict(
             "curve.overfitting", s_now,
             f"validation loss rose from its best {_fmt(best)} (step {s_best}) to "
             f"{_fmt(float(v[j]))} (step {s_now}) while the training loss kept falling "
             f"({_fmt(tr_best)} -> {_fmt(tr_now)}); the gap widened from {_fmt(gap_best)} to "
             f"{_fmt(gap_now)}.",
-            {"best_val": best, "best_val_step": s_best, "val": float(v[j]), "step": s_now,
+            evidence={"best_val": best, "best_val_step": s_best, "val": float(v[j]), "step": s_now,
              "train_at_best": tr_best, "train_now": tr_now, "gap_at_best": gap_best,
              "gap_now": gap_now, "val_examples": val_examples,
              "standard_error": se if val_examples else None})
@@ -334,7 +318,7 @@ def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
 
 def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: float,
            chance: float | None, prior: float | None, scale: float, th: CurveThresholds
-           ) -> CurveVerdict | None:
+           ) -> Verdict | None:
     n = x.size
     start = float(np.median(x[: max(3, min(20, n // 10))]))
     end = float(np.median(x[-max(5, n // 4):]))
@@ -362,13 +346,13 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
                  or float(blocks.min()) < (1 - th.moved_frac) * chance)
         settled = last_half_t > -th.trend_t
         if near and moved and settled:
-            return CurveVerdict(
+            return Verdict(
                 "curve.plateau_at_chance", last,
                 f"the loss moved (step-0 {_fmt(step0)}, max {_fmt(float(np.max(x)))}) and then "
                 f"settled at {_fmt(end)}, the chance level {_fmt(chance)}"
                 f"{'' if prior is None else f' (prior {_fmt(prior)})'}: the model predicts "
                 "the same distribution for every input.",
-                {**ev, "level": end, "max": float(np.max(x))})
+                evidence={**ev, "level": end, "max": float(np.max(x))})
 
     rose = float(blocks[1:].max()) > th.rise_ratio * step0 if blocks.size > 1 else False
     # ---- no real progress: flat (not learning) or a steady crawl (learning rate too low)
@@ -393,16 +377,16 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
                      f"steps, t = {t:.1f})")
             val_text = (f"; the validation loss falls at every run, by {100 * rate:.3g}% in all "
                         f"({float(v[0]):.6g} -> {float(v[-1]):.6g})" if val_falling else "")
-            return CurveVerdict("curve.lr_too_low", last, f"{trend}{val_text}.",
-                                {**ev, "relative_decrease": rate, "val_falling": val_falling})
+            return Verdict("curve.lr_too_low", last, f"{trend}{val_text}.",
+                                evidence={**ev, "relative_decrease": rate, "val_falling": val_falling})
         if abs(progress) < th.flat_tol or val_constant or not declining:
             why = ("the validation loss is identical at every run (the weights do not change)"
                    if val_constant else f"no significant trend (t = {t:.1f})")
-            return CurveVerdict(
+            return Verdict(
                 "curve.not_learning", last,
                 f"the loss stays at its step-0 value: {_fmt(start)} -> {_fmt(end)} over {n} "
                 f"steps ({100 * progress:+.2f}%), {why}.",
-                {**ev, "val_constant": val_constant})
+                evidence={**ev, "val_constant": val_constant})
 
     # ---- learning rate too high: the loss rises above its start or bounces back up
     reasons = []
@@ -420,12 +404,12 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
         reasons.append(f"it bounced back up from {_fmt(rebound[1])} to {_fmt(rebound[2])} "
                        f"(block medians, {rebound[2] / rebound[1]:.2f}x)")
     if reasons:
-        return CurveVerdict(
+        return Verdict(
             "curve.lr_too_high", last,
             f"the loss is unstable: {'; '.join(reasons)}; noise {_fmt(noise)} per step "
             f"around {_fmt(end)}.",
-            {**ev, "rose": rose, "rebound": None if rebound is None else list(rebound)})
+            evidence={**ev, "rose": rose, "rebound": None if rebound is None else list(rebound)})
     return None
 
 
-__all__ = ["CurveThresholds", "CurveVerdict", "classify_curve"]
+__all__ = ["CurveThresholds", "Verdict", "classify_curve"]

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from lightning_triage.functional.spikes import SpikeEvent, detect_spikes, grew_before
+from lightning_triage.functional.verdict import Verdict
 
 
 # --------------------------------------------------------------------------- device side
@@ -130,25 +130,6 @@ class GradThresholds:
     max_spikes: int = 5
 
 
-@dataclass(frozen=True)
-class GradVerdict:
-    """One verdict of :func:`classify_gradients`.
-
-    Example:
-        >>> norms = [1.0 + 0.05 * (i % 5) for i in range(60)]
-        >>> norms[40] = 80.0
-        >>> verdict = classify_gradients(norms)[0]
-        >>> verdict.code, verdict.step, verdict.layer
-        ('grad.spike', 40, None)
-    """
-
-    code: str
-    step: int
-    message: str
-    layer: str | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
 def _fmt(v: float) -> str:
     return f"{v:.3g}"
 
@@ -213,7 +194,7 @@ def jumped_first(layer_norms: np.ndarray, names: Sequence[str], i: int,
 def spike_verdict(event: SpikeEvent, *, clip: float | None, followed: int | None,
                   first_layer: str | None = None, first_step: int | None = None,
                   layer_ratios: Mapping[str, float] | None = None,
-                  after_window: bool = False, follow_steps: int = 5) -> GradVerdict:
+                  after_window: bool = False, follow_steps: int = 5) -> Verdict:
     """A ``grad.spike`` verdict from a spike event and what is known around it."""
     msg = (f"gradient-norm spike at step {event.step}: total norm {_fmt(event.value)}, "
            f"{event.ratio:.1f}x the running level {_fmt(event.level)}")
@@ -226,9 +207,9 @@ def spike_verdict(event: SpikeEvent, *, clip: float | None, followed: int | None
     if clip is not None:
         msg += f". Suggested `gradient_clip_val={clip:g}` (the {99}th percentile of healthy norms)"
     top = dict(sorted((layer_ratios or {}).items(), key=lambda kv: -kv[1])[:5])
-    return GradVerdict(
-        "grad.spike", event.step, msg + ".", first_layer,
-        {"step": event.step, "norm": event.value, "level_before": event.level,
+    return Verdict(
+        "grad.spike", event.step, msg + ".", layer=first_layer,
+        evidence={"step": event.step, "norm": event.value, "level_before": event.level,
          "spread": event.spread, "ratio": event.ratio, "loss_spike_followed": followed is not None,
          "loss_spike_after_steps": followed, "suggested_clip": clip,
          "first_layer": first_layer, "first_layer_step": first_step,
@@ -246,7 +227,7 @@ def classify_gradients(
     nonfinite_is_skip: bool = False,
     final: bool = True,
     thresholds: GradThresholds | None = None,
-) -> list[GradVerdict]:
+) -> list[Verdict]:
     """Classify the gradient norms of a window of training.
 
     Args:
@@ -271,7 +252,7 @@ def classify_gradients(
     th = thresholds or GradThresholds()
     x = np.asarray(total, dtype=np.float64).reshape(-1)
     st = np.arange(x.size) if steps is None else np.asarray(steps, dtype=np.int64)
-    out: list[GradVerdict] = []
+    out: list[Verdict] = []
     if x.size == 0:
         return out
     finite = np.isfinite(x)
@@ -288,11 +269,11 @@ def classify_gradients(
         if not grew_before(x, i, ref, th.growth / 10):
             # NaN/Inf out of the blue: a numerics bug (the numerics stage says where)
             return out
-        out.append(GradVerdict(
+        out.append(Verdict(
             "grad.exploding", int(st[i]),
             f"the total gradient norm became {x[i]} at step {int(st[i])} (median before: "
             f"{_fmt(float(np.median(x[:i]))) if i else 'n/a'}).",
-            None, {"first_nonfinite_step": int(st[i]), "value": str(x[i]),
+            layer=None, evidence={"first_nonfinite_step": int(st[i]), "value": str(x[i]),
                    "median_before": float(np.median(x[:i])) if i else None}))
         x, st = x[:i], st[:i]
     if x.size == 0:
@@ -330,12 +311,12 @@ def classify_gradients(
         roll = np.lib.stride_tricks.sliding_window_view(x, min(8, x.size)).mean(axis=1)
         cross = np.nonzero(roll > 10 * head)[0]
         i = int(cross[0]) + min(8, x.size) - 1 if cross.size else x.size - 1
-        out.append(GradVerdict(
+        out.append(Verdict(
             "grad.exploding", int(st[i]),
             f"the total gradient norm grew {tail / head:.3g}x over the window: median "
             f"{_fmt(head)} in the first {fifth} steps, {_fmt(tail)} in the last {fifth} "
             f"(above 10x the start from step {int(st[i])}).",
-            None, {"first_median": head, "last_median": tail, "growth": tail / head}))
+            layer=None, evidence={"first_median": head, "last_median": tail, "growth": tail / head}))
 
     # ---- depth: first weight layer vs the last one
     if mat is not None and len(names) >= 3:
@@ -345,19 +326,19 @@ def classify_gradients(
             r = head_n / last
             per = {n: float(m) for n, m in zip(names, med, strict=True)}
             if r > th.depth_ratio:
-                out.append(GradVerdict(
+                out.append(Verdict(
                     "grad.exploding", int(st[-1]),
                     f"gradient norms grow by {r:.3g}x from the last layer `{names[-1]}` "
                     f"({_fmt(last)}) back to the first `{names[0]}` ({_fmt(head_n)}): each "
                     "layer amplifies the gradient (initialization too large?).",
-                    names[0], {"first_layer_norm": head_n, "last_layer_norm": last, "ratio": r,
+                    layer=names[0], evidence={"first_layer_norm": head_n, "last_layer_norm": last, "ratio": r,
                                "layer_medians": per}))
             elif r < 1 / th.depth_ratio:
-                out.append(GradVerdict(
+                out.append(Verdict(
                     "grad.vanishing", int(st[-1]),
                     f"the first layer `{names[0]}` gets gradients {1 / r:.3g}x smaller than the "
                     f"last `{names[-1]}` (median norms {_fmt(head_n)} vs {_fmt(last)}).",
-                    names[0], {"first_layer_norm": head_n, "last_layer_norm": last, "ratio": r,
+                    layer=names[0], evidence={"first_layer_norm": head_n, "last_layer_norm": last, "ratio": r,
                                "layer_medians": per}))
 
     # ---- update-to-weight ratios
@@ -369,11 +350,11 @@ def classify_gradients(
         if not group:
             continue
         worst = max(group, key=lambda k: abs(math.log10(max(group[k], 1e-30)) + 3))
-        out.append(GradVerdict(
+        out.append(Verdict(
             "grad.update_ratio", int(st[-1]),
             f"update-to-weight ratio far {word} ~1e-3 in {len(group)} of {len(ratios)} "
             f"layer(s): `{worst}` {group[worst]:.2g} (median ||dw||/||w|| per step): {advice}.",
-            worst, {"ratios": group, "all_ratios": ratios, "direction": word}))
+            layer=worst, evidence={"ratios": group, "all_ratios": ratios, "direction": word}))
 
     # ---- dead units / layers with zero gradient
     dead = {k: (int(d), int(u)) for k, (d, u) in (dead_units or {}).items() if u > 0}
@@ -386,17 +367,17 @@ def classify_gradients(
         worst = max(bad, key=lambda k: bad[k][0] / bad[k][1] if bad[k][1] else 1.0)
         d, u = bad[worst]
         what = (f"{d} of {u} units never got a gradient" if u else "its gradient was always 0")
-        out.append(GradVerdict(
+        out.append(Verdict(
             "grad.dead_units", int(st[-1]),
             f"`{worst}`: {what} over {x.size} steps"
             + (f" (and {len(bad) - 1} more layer(s))" if len(bad) > 1 else "") + ".",
-            worst, {"layers": {k: {"dead": v[0], "units": v[1]} for k, v in bad.items()}}))
+            layer=worst, evidence={"layers": {k: {"dead": v[0], "units": v[1]} for k, v in bad.items()}}))
     return out
 
 
 __all__ = [
     "GradThresholds",
-    "GradVerdict",
+    "Verdict",
     "alive_units",
     "classify_gradients",
     "grad_norms",

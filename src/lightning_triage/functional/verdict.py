@@ -1,0 +1,44 @@
+"""The one result type of the functional core: a :class:`Verdict` is what a rule decided.
+
+Every stage's rules (data, init, wiring, overfit, structure, mode, curve, grad, numerics) return
+verdicts; the callbacks collect the inputs, call the rules and forward each verdict to the report
+as a :class:`~lightning_triage.findings.Finding`, adding what only the run knows (epoch, rank,
+the check's name). A verdict's message carries the numbers of this run; the advice (what to do)
+lives in the finding registry's ``hint``, so the report never prints it twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One decision of a rule: a public finding code, where it happened and the numbers.
+
+    Attributes:
+        code: a finding code of the registry (``"curve.lr_too_high"``, ``"data.label_noise"``...).
+        step: the optimizer step it refers to (``None``: not tied to a step, e.g. a fit-start
+            check of the first batch).
+        message: what was found, with this run's numbers (no advice: that is the registry's
+            hint).
+        layer: the module or parameter it points at, when there is one (keyword only).
+        evidence: JSON-ready numbers behind the decision (keyword only).
+
+    Example:
+        >>> v = Verdict("grad.spike", 40, "gradient norm 80 at step 40, 76x its running median",
+        ...             evidence={"ratio": 76.0})
+        >>> v.code, v.step, v.layer, v.evidence["ratio"]
+        ('grad.spike', 40, None, 76.0)
+    """
+
+    code: str
+    step: int | None
+    message: str
+    _: KW_ONLY
+    layer: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+__all__ = ["Verdict"]
