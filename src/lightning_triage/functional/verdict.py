@@ -10,7 +10,7 @@ lives in the finding registry's ``hint``, so the report never prints it twice.
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class Verdict:
             hint).
         layer: the module or parameter it points at, when there is one (keyword only).
         evidence: JSON-ready numbers behind the decision (keyword only).
+        severity: overrides the registry's severity for this one verdict (keyword only; ``None``,
+            the default, keeps the code's own), for a rule whose strength decides it (a batch
+            that is all duplicates is an error, a few are a warning).
 
     Example:
         >>> v = Verdict("grad.spike", 40, "gradient norm 80 at step 40, 76x its running median",
@@ -39,6 +42,7 @@ class Verdict:
     _: KW_ONLY
     layer: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    severity: Literal["error", "warning", "info"] | None = None
 
 
 __all__ = ["Verdict"]
