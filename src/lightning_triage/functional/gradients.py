@@ -216,6 +216,93 @@ def spike_verdict(event: SpikeEvent, *, clip: float | None, followed: int | None
          "layer_ratios_top": top, "after_window": after_window})
 
 
+def module_name(param_name: str) -> str:
+    """The module of a parameter name (``"enc.0.weight"`` -> ``"enc.0"``)."""
+    return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
+
+
+def layer_groups(param_names: Sequence[str], max_layers: int = 40) -> tuple[list[str], list[int]]:
+    """Group parameters by module for the report's per-layer gradient heatmap: the module names
+    (cut to a shallower depth until at most ``max_layers`` remain) and each parameter's group.
+
+    Example:
+        >>> layer_groups(["enc.0.weight", "enc.0.bias", "head.weight"])
+        (['enc.0', 'head'], [0, 0, 1])
+        >>> layer_groups(["a.0.w", "a.1.w", "b.w"], max_layers=2)
+        (['a', 'b'], [0, 0, 1])
+    """
+    modules = [module_name(n) for n in param_names]
+    depth = max((m.count(".") + 1 for m in modules), default=1)
+    while True:
+        cut = [".".join(m.split(".")[:depth]) for m in modules]
+        names = list(dict.fromkeys(cut))
+        if len(names) <= max_layers or depth == 1:
+            names = names[:max_layers]  # depth 1 and still too many: the first ones
+            index = {n: i for i, n in enumerate(names)}
+            return names, [index.get(c, -1) for c in cut]
+        depth -= 1
+
+
+def layer_norms(per: np.ndarray, groups: Sequence[int], n_layers: int) -> np.ndarray:
+    """Per-layer gradient norms (steps x layers) from per-parameter ones (steps x parameters),
+    each parameter in group ``groups[j]`` (``-1``: none), vectorized over the steps.
+
+    Example:
+        >>> layer_norms(np.array([[3.0, 4.0, 1.0]]), [0, 0, 1], 2).tolist()
+        [[5.0, 1.0]]
+    """
+    member = np.zeros((len(groups), n_layers))
+    for j, g in enumerate(groups):
+        if g >= 0:
+            member[j, g] = 1.0
+    return np.sqrt(np.square(per) @ member)
+
+
+def median_ratios(rows: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+    """The median of each column's finite values (sampled update-to-weight ratios, steps x
+    layers), by layer name; a layer with none is left out.
+
+    Example:
+        >>> median_ratios(np.array([[1e-3, np.nan], [3e-3, np.nan], [2e-3, np.nan]]), ["a", "b"])
+        {'a': 0.002}
+    """
+    out: dict[str, float] = {}
+    for k, name in enumerate(names):
+        col = rows[:, k][np.isfinite(rows[:, k])]
+        if col.size:
+            out[name] = float(np.median(col))
+    return out
+
+
+def explosion_verdict(event: SpikeEvent, totals: Sequence[float] | np.ndarray, i: int, *,
+                      clip: float | None, growth: float) -> Verdict | None:
+    """A ``grad.exploding`` verdict of the long-run watch from a ``"sustained"`` or
+    ``"nonfinite"`` event (index ``i`` in this chunk's ``totals``), or ``None``: a sustained
+    drop, or a NaN/Inf out of the blue (no growth before it: the numerics stage locates it).
+
+    Example:
+        >>> e = SpikeEvent("sustained", 40, 50.0, 1.0, 0.1, 50.0, confirmed_step=56)
+        >>> explosion_verdict(e, [50.0], 0, clip=2.0, growth=1e3).evidence["kind"]
+        'sustained'
+    """
+    if event.kind == "sustained" and event.value > event.level:
+        return Verdict(
+            "grad.exploding", event.step,
+            f"the total gradient norm jumped from a running level of {event.level:.3g} to "
+            f"{event.value:.3g} ({event.ratio:.1f}x) at step {event.step} and stayed there "
+            f"(confirmed at step {event.confirmed_step}).", layer=None,
+            evidence={"step": event.step, "norm": event.value, "level_before": event.level,
+                      "ratio": event.ratio, "suggested_clip": clip, "kind": "sustained"})
+    if event.kind == "nonfinite" and grew_before(totals, i, event.level, growth / 10):
+        return Verdict(
+            "grad.exploding", event.step,
+            f"the total gradient norm became {event.value} at step {event.step} (running level "
+            f"before: {event.level:.3g}).", layer=None,
+            evidence={"step": event.step, "norm": str(event.value), "level_before": event.level,
+                      "kind": "nonfinite"})
+    return None
+
+
 def classify_gradients(
     total: Sequence[float] | np.ndarray,
     *,
@@ -380,9 +467,14 @@ __all__ = [
     "Verdict",
     "alive_units",
     "classify_gradients",
+    "explosion_verdict",
     "grad_norms",
     "jumped_first",
+    "layer_groups",
+    "layer_norms",
     "loss_spike_after",
+    "median_ratios",
+    "module_name",
     "spike_verdict",
     "suggest_clip",
     "update_norms",
