@@ -12,7 +12,6 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.loss import _Loss
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback, guarded
@@ -44,183 +43,9 @@ from lightning_triage.probing import (
     rng_state,
     run_user_step,
 )
+from lightning_triage.probing.recording import ModuleRecorder, replace_input, replace_output
 
 ForwardFn = Callable[[pl.LightningModule, Any], Any]
-
-#: Shape-trace entries kept for the report (the rest are counted).
-MAX_TRACE = 256
-#: Module outputs examined (one backward pass each, at most) to name the first culprit.
-MAX_LOCALIZE = 128
-
-
-def _is_metric(module: nn.Module) -> bool:
-    return any(cls.__module__.startswith("torchmetrics") for cls in type(module).__mro__)
-
-
-def _describe(value: Any) -> list[dict[str, Any]]:
-    """Shapes and dtypes of the tensors in a call's arguments or output (top level, lists)."""
-    found: list[Tensor] = []
-
-    def visit(v: Any, depth: int = 0) -> None:
-        if isinstance(v, Tensor):
-            found.append(v)
-        elif depth < 2 and isinstance(v, (list, tuple)):
-            for item in v:
-                visit(item, depth + 1)
-        elif depth < 2 and isinstance(v, Mapping):
-            for item in v.values():
-                visit(item, depth + 1)
-
-    visit(value)
-    return [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")} for t in found[:4]]
-
-
-def _tensors(args: Any, kwargs: Mapping[str, Any]) -> list[Tensor]:
-    out: list[Tensor] = []
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            out.extend(t for t in v if isinstance(t, Tensor))
-    return out
-
-
-class _Recorder:
-    """Temporary forward hooks on every submodule for one run of the user's code: the shape
-    trace, the model's head output (the last module call that returns a per-example floating
-    tensor and is not a loss or metric), the first leaf module that embeds the integer inputs,
-    and the first module called on a per-example floating tensor."""
-
-    def __init__(self, n: int, inputs: Tensor, targets: Tensor | None, *, trace: bool,
-                 keep_graph: bool) -> None:
-        self.n = n
-        self.inputs = inputs
-        self.targets = targets
-        self.trace_on = trace
-        self.keep_graph = keep_graph
-        self.trace: list[dict[str, Any]] = []
-        self.calls = 0
-        self.head_name: str | None = None
-        self.head: Tensor | None = None
-        self.embedding: str | None = None
-        self.first_float_input: str | None = None
-        #: per-example outputs in completion order (graph kept), to localize a problem
-        self.outputs: list[tuple[str, Tensor]] = []
-
-    def pre_hook(self, name: str) -> Any:
-        def fn(mod: nn.Module, args: Any, kwargs: Any) -> None:
-            if self.first_float_input is not None:
-                return
-            first = _first_tensor_arg(args, kwargs)
-            if (first is not None and first.is_floating_point() and first.dim() >= 1
-                    and first.shape[0] == self.n and not same_storage(first, self.targets)):
-                self.first_float_input = name
-
-        return fn
-
-    def hook(self, name: str, module: nn.Module) -> Any:
-        has_params = any(True for _ in module.parameters())
-        is_leaf = not any(True for _ in module.children())
-        loss_like = isinstance(module, _Loss) or _is_metric(module)
-
-        def fn(mod: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-            self.calls += 1
-            if self.trace_on and len(self.trace) < MAX_TRACE:
-                self.trace.append({"module": name or "<root>", "type": type(mod).__name__,
-                                   "inputs": _describe((args, kwargs)), "outputs": _describe(output)})
-            tensors = _tensors(args, kwargs)
-            takes_targets = self.targets is not None and any(
-                same_storage(t, self.targets) for t in tensors)
-            takes_inputs = any(same_storage(t, self.inputs) for t in tensors)
-            out = first_float_tensor(output)
-            if out is None:
-                return
-            if (self.embedding is None and is_leaf and takes_inputs
-                    and not self.inputs.is_floating_point()
-                    and out.shape[: self.inputs.dim()] == self.inputs.shape):
-                self.embedding = name
-            if loss_like or (takes_targets and not has_params):
-                return
-            if self.keep_graph and not out.requires_grad:
-                return  # e.g. a teacher/EMA model run under `no_grad`: not what is trained
-            if out.dim() >= 1 and out.numel() > 1 and out.shape[0] == self.n:
-                self.head_name = name
-                self.head = out if self.keep_graph else out.detach().clone()
-                if self.keep_graph and len(self.outputs) < MAX_LOCALIZE:
-                    self.outputs.append((name, out))
-
-        return fn
-
-    @contextmanager
-    def attached(self, module: nn.Module) -> Iterator[_Recorder]:
-        handles = []
-        try:
-            for name, sub in module.named_modules():
-                try:
-                    handles.append(sub.register_forward_hook(self.hook(name, sub),
-                                                             with_kwargs=True))
-                    handles.append(sub.register_forward_pre_hook(self.pre_hook(name),
-                                                                 with_kwargs=True))
-                except RuntimeError:  # a ScriptModule takes no hooks: it is not traced
-                    continue
-            yield self
-        finally:
-            for handle in handles:
-                handle.remove()
-
-
-def _first_tensor_arg(args: Any, kwargs: Mapping[str, Any]) -> Tensor | None:
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, Tensor):
-            return v
-    return None
-
-
-@contextmanager
-def _replace_input(module: nn.Module, holder: dict[str, Tensor]) -> Iterator[None]:
-    """Replace the first tensor argument of ``module``'s first call by a leaf tensor that
-    requires grad (kept in ``holder["leaf"]``): what the model receives, after any mixing the
-    training step does on purpose (mixup)."""
-
-    def hook(mod: nn.Module, args: Any, kwargs: Any) -> Any:
-        if "leaf" in holder:
-            return None
-        for i, v in enumerate(args):
-            if isinstance(v, Tensor):
-                holder["leaf"] = v.detach().clone().requires_grad_(True)
-                return (*args[:i], holder["leaf"], *args[i + 1:]), kwargs
-        for key, v in kwargs.items():
-            if isinstance(v, Tensor):
-                holder["leaf"] = v.detach().clone().requires_grad_(True)
-                return args, {**kwargs, key: holder["leaf"]}
-        return None
-
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-@contextmanager
-def _replace_output(module: nn.Module, inputs: Tensor, holder: dict[str, Tensor]) -> Iterator[None]:
-    """Replace the output of ``module``'s (first) call on ``inputs`` by a leaf tensor that
-    requires grad (kept in ``holder["leaf"]``): the probe then differentiates w.r.t. it."""
-
-    def hook(mod: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
-        if "leaf" in holder or not isinstance(output, Tensor):
-            return None
-        if not any(same_storage(t, inputs) for t in _tensors(args, kwargs)):
-            return None
-        holder["leaf"] = output.detach().clone().requires_grad_(True)
-        return holder["leaf"]
-
-    handle = module.register_forward_hook(hook, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-
 
 class StructureProbe(TriageCallback):
     """Probe the model's structure once, on a copy of the first training batch.
@@ -424,7 +249,7 @@ class StructureProbe(TriageCallback):
         self._rng = rng_state()
         with torch.enable_grad():
             # pass 1: as is (trace, warnings, broadcasting)
-            rec_a = _Recorder(n, x, y, trace=True, keep_graph=False)
+            rec_a = ModuleRecorder(n, x, y, trace=True, keep_graph=False)
             watch = LossWatch(y) if y is not None else None
             with self._model(trainer, pl_module) as model, \
                     warnings.catch_warnings(record=True) as caught, rec_a.attached(model):
@@ -488,7 +313,7 @@ class StructureProbe(TriageCallback):
     def _layer(name: str | None) -> str | None:
         return None if name in (None, "", "<forward_fn>") else name
 
-    def _head(self, rec: _Recorder, output: Any, n: int) -> tuple[str | None, Tensor | None]:
+    def _head(self, rec: ModuleRecorder, output: Any, n: int) -> tuple[str | None, Tensor | None]:
         if self.forward_fn is not None:
             out = first_float_tensor(output)
             if out is not None and out.dim() >= 1 and out.shape[0] == n:
@@ -547,7 +372,7 @@ class StructureProbe(TriageCallback):
             return 0
         # same state and randomness as pass 1 (a fresh copy, every RNG reset): only the targets
         # differ
-        rec_b = _Recorder(head_a.shape[0], x_b, new_y, trace=False, keep_graph=False)
+        rec_b = ModuleRecorder(head_a.shape[0], x_b, new_y, trace=False, keep_graph=False)
         with self._model(trainer, pl_module) as model, rec_b.attached(model), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -570,7 +395,7 @@ class StructureProbe(TriageCallback):
         # is stochastic or stateful beyond what the probe resets, and proves no leak
         x_a = split_batch(copy_a, self.input_key, self.target_key).inputs
         assert x_a is not None
-        rec_c = _Recorder(head_a.shape[0], x_a, y, trace=False, keep_graph=False)
+        rec_c = ModuleRecorder(head_a.shape[0], x_a, y, trace=False, keep_graph=False)
         with self._model(trainer, pl_module) as model, rec_c.attached(model), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -619,12 +444,12 @@ class StructureProbe(TriageCallback):
         return None
 
     def _check_gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
-                         x: Tensor, y: Tensor | None, rec_a: _Recorder) -> int:
+                         x: Tensor, y: Tensor | None, rec_a: ModuleRecorder) -> int:
         with self._model(trainer, pl_module) as model:
             return self._gradients(trainer, model, copy_a, x, y, rec_a)
 
     def _gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
-                   x: Tensor, y: Tensor | None, rec_a: _Recorder) -> int:
+                   x: Tensor, y: Tensor | None, rec_a: ModuleRecorder) -> int:
         """Pass 3, on ``pl_module``: a fresh copy of the user's module."""
         reason = self._causal_reason(x, y)
         deadline = time.perf_counter() + self.time_budget / 3  # for localizing a problem
@@ -670,14 +495,14 @@ class StructureProbe(TriageCallback):
         if not self._gate(trainer, 2, True):
             self.results["batch_mixing"] = "skipped: another rank could not run it"
             return 0
-        rec_g = _Recorder(x.shape[0], x_g, y_g, trace=False, keep_graph=True)
+        rec_g = ModuleRecorder(x.shape[0], x_g, y_g, trace=False, keep_graph=True)
         watch = LossWatch(y_g) if y_g is not None else None
         with warnings.catch_warnings(), ExitStack() as stack:
             warnings.simplefilter("ignore")
             if replace is not None:
-                stack.enter_context(_replace_output(replace, x_g, holder))
+                stack.enter_context(replace_output(replace, x_g, holder))
             if replace_in is not None:
-                stack.enter_context(_replace_input(replace_in, holder))
+                stack.enter_context(replace_input(replace_in, holder))
             stack.enter_context(rec_g.attached(pl_module))
             if watch is not None:
                 stack.enter_context(watch)
@@ -799,7 +624,7 @@ class StructureProbe(TriageCallback):
                     "model.")
         return ""
 
-    def _localize(self, rec: _Recorder, leaf: Tensor, shows: Callable[[Tensor], bool],
+    def _localize(self, rec: ModuleRecorder, leaf: Tensor, shows: Callable[[Tensor], bool],
                   deadline: float) -> str | None:
         """The first module (in completion order) whose output already shows the problem."""
         for name, out in rec.outputs:
