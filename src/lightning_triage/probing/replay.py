@@ -8,10 +8,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 
 from lightning_triage.functional.batch import BatchKey, split_batch
+from lightning_triage.functional.collection import map_tensors
 from lightning_triage.probing.isolation import Probe, probe_module
 from lightning_triage.probing.state import RngState, set_rng_state, user_code
 
@@ -74,6 +74,4 @@ def copy_first_examples(batch: Any, keep: int, input_key: BatchKey | None = None
     def cut_list(v: list[Any]) -> list[Any]:
         return v[:cut_to] if cut_to is not None and len(v) == n else list(v)
 
-    copied = apply_to_collection(batch, Tensor, cut)
-    return apply_to_collection(copied, list, cut_list, wrong_dtype=None) if cut_to else copied
-
+    return map_tensors(cut, batch, lists=cut_list)
