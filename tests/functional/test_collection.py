@@ -105,7 +105,7 @@ def test_replace_tensor_by_identity() -> None:
     assert out.x is x and out.y[0] is new and out.y[1] == "id"
 
 
-@pytest.mark.parametrize("keep, expected", [(2, 2), (10, 4)])
+@pytest.mark.parametrize(("keep", "expected"), [(2, 2), (10, 4)])
 def test_copy_first_examples_cuts_tensors_and_lists(keep: int, expected: int) -> None:
     x = torch.arange(8.0).view(4, 2)
     batch = Batch(x, ["a", "b", "c", "d"])
