@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
@@ -20,13 +20,11 @@ from lightning_triage.callbacks.base import guarded
 from lightning_triage.functional import structure_rules as rules
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
-from lightning_triage.functional.hooks import first_float_tensor
 from lightning_triage.functional.structure import (
     DEFAULT_TOLERANCE,
     LossWatch,
     aligned_start,
     example_dependence,
-    is_next_token,
     output_change,
     pairwise_output,
     position_dependence,
@@ -42,23 +40,13 @@ from lightning_triage.probing import (
     eval_copy,
     rng_state,
 )
-from lightning_triage.probing.recording import ModuleRecorder, replace_input, replace_output
-
-
-@dataclass
-class _ProbeInput:
-    """What the gradient pass makes an autograd leaf, and how."""
-
-    #: for messages and evidence
-    description: str
-    #: the batch the pass runs on
-    batch: Any
-    #: the leaf itself when it is a tensor of the batch
-    leaf: Tensor | None = None
-    #: the module whose first call's input becomes the leaf
-    replace_in: nn.Module | None = None
-    #: the module whose output (on the inputs) becomes the leaf
-    replace_out: nn.Module | None = None
+from lightning_triage.probing.recording import (
+    LeafPlan,
+    ModuleRecorder,
+    plan_leaf,
+    replace_input,
+    replace_output,
+)
 
 
 @dataclass
@@ -329,11 +317,7 @@ class StructureProbe(ProbeCallback):
         return None if name in (None, "", "<forward_fn>") else name
 
     def _head(self, rec: ModuleRecorder, output: Any, n: int) -> tuple[str | None, Tensor | None]:
-        if self.forward_fn is not None:
-            out = first_float_tensor(output)
-            if out is not None and out.dim() >= 1 and out.shape[0] == n:
-                return "<forward_fn>", out if rec.keep_graph else out.detach().clone()
-        return rec.head_name, rec.head
+        return rec.head_of(output if self.forward_fn is not None else None, n)
 
     # ------------------------------------------------------------------ shapes
     def _check_shapes(self, trainer: pl.Trainer, watch: LossWatch | None,
@@ -413,47 +397,13 @@ class StructureProbe(ProbeCallback):
         return 2
 
     # ------------------------------------------------------------------ gradients
-    def _causal_reason(self, x: Tensor, y: Tensor | None) -> str | None:
-        if self.causal is True:
-            return "`causal=True`"
-        if self.causal is None and is_next_token(x, y, self.ignore_index):
-            assert y is not None
-            return (f"next-token data: targets[:, :-1] == inputs[:, 1:] on the probed batch "
-                    f"({y.shape[0]} sequences of {y.shape[1]} tokens), so the model must be causal")
-        return None
-
     def _check_gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
                          x: Tensor, y: Tensor | None, rec_a: ModuleRecorder) -> int:
         with self._model(trainer, pl_module) as model:
             return self._gradients(trainer, model, copy_a, x, y, rec_a)
 
-    def _choose_input(self, pl_module: pl.LightningModule, copy_a: Any, x: Tensor,
-                      rec_a: ModuleRecorder) -> _ProbeInput | None:
-        """What the gradient pass makes an autograd leaf: the input of the first module called
-        on the batch, the batch's float input, the output of the module that embeds integer
-        inputs, or the input of the first module called on floats (``None``: nothing)."""
-        if x.is_floating_point() and rec_a.first_float_input is not None:
-            name = rec_a.first_float_input
-            return _ProbeInput(f"the input of `{self._label(pl_module, name)}` (the first module "
-                               "called on the batch)", copy_a,
-                               replace_in=pl_module.get_submodule(name))
-        if x.is_floating_point():
-            leaf = x.detach().clone().requires_grad_(True)
-            return _ProbeInput("the batch's input tensor", replace_tensor(copy_a, x, leaf),
-                               leaf=leaf)
-        if rec_a.embedding is not None:
-            name = rec_a.embedding
-            return _ProbeInput(f"the output of `{self._label(pl_module, name)}` (it embeds the "
-                               "integer inputs)", copy_a, replace_out=pl_module.get_submodule(name))
-        if rec_a.first_float_input is not None:  # integer inputs made floats by code (one_hot)
-            name = rec_a.first_float_input
-            return _ProbeInput(f"the input of `{self._label(pl_module, name)}` (the first module "
-                               "called on floats)", copy_a,
-                               replace_in=pl_module.get_submodule(name))
-        return None
-
     def _gradient_pass(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                       choice: _ProbeInput, x_g: Tensor, y_g: Tensor | None,
+                       choice: LeafPlan, x_g: Tensor, y_g: Tensor | None,
                        n: int) -> tuple[ModuleRecorder, LossWatch | None, Any, Tensor | None]:
         """Run the user's code with ``choice`` made a leaf: ``(recorder, loss watch, output,
         leaf)``."""
@@ -477,9 +427,9 @@ class StructureProbe(ProbeCallback):
     def _gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
                    x: Tensor, y: Tensor | None, rec_a: ModuleRecorder) -> int:
         """Pass 3, on ``pl_module``: a fresh copy of the user's module."""
-        reason = self._causal_reason(x, y)
+        reason = rules.causal_reason(self.causal, x, y, self.ignore_index)
         deadline = time.perf_counter() + self.time_budget / 3  # for localizing a problem
-        choice = self._choose_input(pl_module, copy_a, x, rec_a)
+        choice = plan_leaf(pl_module, copy_a, x, rec_a)
         if choice is None:
             why = ("integer inputs and no module takes them to a floating output (e.g. an "
                    "embedding) or is called on floats")
@@ -543,7 +493,7 @@ class StructureProbe(ProbeCallback):
                 return dep.mixing and not pairwise_output(t, leaf, column=dep.worst_example or 1,
                                                           tolerance=self.tolerance, retain_graph=True)
 
-            first = self._localize(run.rec, leaf, mixes, run.deadline)
+            first = run.rec.first_showing(leaf, mixes, run.deadline)
             where = rules.where_sentence(first, "mixes examples", out_name is None,
                                          type(pl_module).__name__)
             self._forward(trainer, rules.batch_mixing(
@@ -579,26 +529,13 @@ class StructureProbe(ProbeCallback):
                 return position_dependence(t, leaf, pos, tolerance=self.tolerance,
                                            retain_graph=True).leak
 
-            first = self._localize(run.rec, leaf, leaks, run.deadline)
+            first = run.rec.first_showing(leaf, leaks, run.deadline)
             where = rules.where_sentence(first, "sees the future", False, type(pl_module).__name__)
             self._forward(trainer, rules.causal_leak(
                 self._label(pl_module, run.head_name),
                 self._layer(first) or self._layer(run.head_name), first, where, dep, reason,
                 run.probe_input, int(length), positions))
             return
-
-    def _localize(self, rec: ModuleRecorder, leaf: Tensor, shows: Callable[[Tensor], bool],
-                  deadline: float) -> str | None:
-        """The first module (in completion order) whose output already shows the problem."""
-        for name, out in rec.outputs:
-            if out is leaf or time.perf_counter() > deadline:
-                continue
-            try:
-                if shows(out):
-                    return name
-            except RuntimeError:  # an output outside the leaf's graph or freed: skip it
-                continue
-        return None
 
     # ------------------------------------------------------------------ state
     @override
@@ -614,4 +551,4 @@ class StructureProbe(ProbeCallback):
         self.probe_seconds = state.get("probe_seconds")
 
 
-__all__ = ["StructureProbe"]
+__all__ = ["ForwardFn", "StructureProbe"]

@@ -13,12 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from torch import Tensor
+
 from lightning_triage.functional.padding import PaddingLeak, PaddingMask
 from lightning_triage.functional.structure import (
     BatchDependence,
     CausalDependence,
     OutputChange,
     broadcast_mismatch,
+    is_next_token,
     parse_size_warning,
 )
 from lightning_triage.functional.verdict import Verdict
@@ -175,6 +178,28 @@ def causal_leak(head_label: str, layer: str | None, first: str | None, where: st
     )
 
 
+def causal_reason(causal: bool | None, inputs: Tensor, targets: Tensor | None,
+                  ignore_index: int) -> str | None:
+    """Why the causal probe runs: ``causal=True``, or (``causal=None``) next-token data;
+    ``None``: it does not.
+
+    Example:
+        >>> import torch
+        >>> x = torch.tensor([[1, 2, 3, 4]])
+        >>> causal_reason(None, x, torch.tensor([[2, 3, 4, 5]]), -100)[:49]
+        'next-token data: targets[:, :-1] == inputs[:, 1:]'
+        >>> causal_reason(False, x, torch.tensor([[2, 3, 4, 5]]), -100) is None
+        True
+    """
+    if causal is True:
+        return "`causal=True`"
+    if causal is None and targets is not None and is_next_token(inputs, targets, ignore_index):
+        return (f"next-token data: targets[:, :-1] == inputs[:, 1:] on the probed batch "
+                f"({targets.shape[0]} sequences of {targets.shape[1]} tokens), so the model must "
+                "be causal")
+    return None
+
+
 # ---------------------------------------------------------------------- padding
 def padding_skipped(message: str, why: str, **evidence: Any) -> Verdict:
     """``structure.probe_skipped`` for the padding probe (``message`` is the whole sentence)."""
@@ -240,6 +265,7 @@ __all__ = [
     "SHOWN_POSITIONS",
     "batch_mixing",
     "causal_leak",
+    "causal_reason",
     "framework_broadcasts",
     "padding_leak",
     "padding_nondeterministic",

@@ -5,15 +5,17 @@ head output, the module that embeds integer inputs, the first module called on f
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss
 
 from lightning_triage.functional.hooks import first_float_tensor
-from lightning_triage.functional.structure import same_storage
+from lightning_triage.functional.structure import replace_tensor, same_storage
 
 #: Shape-trace entries kept for the report (the rest are counted).
 MAX_TRACE = 256
@@ -119,6 +121,29 @@ class ModuleRecorder:
 
         return fn
 
+    def head_of(self, output: Any, n: int) -> tuple[str | None, Tensor | None]:
+        """``(name, head output)``: the first per-example floating tensor of ``output`` (a
+        ``forward_fn``'s output, named ``"<forward_fn>"``) when there is one, else the head the
+        hooks recorded."""
+        out = first_float_tensor(output) if output is not None else None
+        if out is not None and out.dim() >= 1 and out.shape[0] == n:
+            return "<forward_fn>", out if self.keep_graph else out.detach().clone()
+        return self.head_name, self.head
+
+    def first_showing(self, leaf: Tensor, shows: Callable[[Tensor], bool],
+                      deadline: float) -> str | None:
+        """The first module (in completion order) whose recorded output already shows a problem
+        (``shows(output)``), looked for until ``deadline`` (``time.perf_counter()``)."""
+        for name, out in self.outputs:
+            if out is leaf or time.perf_counter() > deadline:
+                continue
+            try:
+                if shows(out):
+                    return name
+            except RuntimeError:  # an output outside the leaf's graph or freed: skip it
+                continue
+        return None
+
     @contextmanager
     def attached(self, module: nn.Module) -> Iterator[ModuleRecorder]:
         handles = []
@@ -190,4 +215,48 @@ def replace_output(module: nn.Module, inputs: Tensor, holder: dict[str, Tensor])
         handle.remove()
 
 
-__all__ = ["MAX_LOCALIZE", "MAX_TRACE", "ModuleRecorder", "replace_input", "replace_output"]
+@dataclass
+class LeafPlan:
+    """What a gradient pass makes an autograd leaf, and how (:func:`plan_leaf`)."""
+
+    #: for messages and evidence
+    description: str
+    #: the batch the pass runs on
+    batch: Any
+    #: the leaf itself when it is a tensor of the batch
+    leaf: Tensor | None = None
+    #: the module whose first call's input becomes the leaf (:func:`replace_input`)
+    replace_in: nn.Module | None = None
+    #: the module whose output on the inputs becomes the leaf (:func:`replace_output`)
+    replace_out: nn.Module | None = None
+
+
+def plan_leaf(module: nn.Module, batch: Any, inputs: Tensor,
+              recorder: ModuleRecorder) -> LeafPlan | None:
+    """What a gradient pass on ``batch`` (holding ``inputs``) makes an autograd leaf, from what
+    ``recorder`` saw in a first run: the input of the first module called on the batch, the
+    batch's float input, the output of the module that embeds integer inputs, or the input of
+    the first module called on floats (integer inputs made floats by code); ``None``: nothing."""
+
+    def label(name: str) -> str:
+        return name or type(module).__name__
+
+    first = recorder.first_float_input
+    if inputs.is_floating_point() and first is not None:
+        return LeafPlan(f"the input of `{label(first)}` (the first module called on the batch)",
+                        batch, replace_in=module.get_submodule(first))
+    if inputs.is_floating_point():
+        leaf = inputs.detach().clone().requires_grad_(True)
+        return LeafPlan("the batch's input tensor", replace_tensor(batch, inputs, leaf), leaf=leaf)
+    if recorder.embedding is not None:
+        name = recorder.embedding
+        return LeafPlan(f"the output of `{label(name)}` (it embeds the integer inputs)", batch,
+                        replace_out=module.get_submodule(name))
+    if first is not None:
+        return LeafPlan(f"the input of `{label(first)}` (the first module called on floats)",
+                        batch, replace_in=module.get_submodule(first))
+    return None
+
+
+__all__ = ["MAX_LOCALIZE", "MAX_TRACE", "LeafPlan", "ModuleRecorder", "plan_leaf", "replace_input",
+           "replace_output"]
