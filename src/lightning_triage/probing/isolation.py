@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 from torch.optim import Optimizer
 
+from lightning_triage.callbacks._compat import share_trainer
 from lightning_triage.probing.snapshot import isolated
 from lightning_triage.probing.state import (
     ProbeUnavailableError,
@@ -189,7 +190,7 @@ def copy_module(trainer: pl.Trainer | None, module: nn.Module,
     twin, twin_scheds = copy.deepcopy((module, schedulers), memo)
     for original, sub in zip(module.modules(), twin.modules(), strict=True):
         if isinstance(sub, pl.LightningModule) and isinstance(original, pl.LightningModule):
-            sub._trainer = original._trainer  # dropped by LightningModule.__getstate__
+            share_trainer(sub, original)  # dropped by LightningModule.__getstate__
     _strip_our_hooks(twin)
     _copy_param_hooks(module, twin)
     if isinstance(twin, pl.LightningModule):

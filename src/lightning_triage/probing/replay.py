@@ -10,6 +10,7 @@ from typing import Any
 import lightning.pytorch as pl
 from torch import Tensor, nn
 
+from lightning_triage.callbacks._compat import train_step_context
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.probing.isolation import Probe, probe_module
@@ -33,7 +34,7 @@ def run_user_step(trainer: pl.Trainer, module: Any, batch: Any,
                   forward_fn: Callable[[Any, Any], Any] | None = None) -> Any:
     """The user's ``training_step`` (or ``forward_fn(module, batch)``) on ``batch``, in the run's
     precision context as the real step; its exceptions become :class:`UserCodeError`."""
-    with trainer.precision_plugin.train_step_context(), user_code():
+    with train_step_context(trainer), user_code():
         if forward_fn is not None:
             return forward_fn(module, batch)
         return module.training_step(batch, 0)

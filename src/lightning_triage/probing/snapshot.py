@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from lightning_triage.callbacks._compat import LIGHTNING_MODULE_REFERENCES
 from lightning_triage.probing.state import (
     _SHARED_TYPES,
     _hook_dicts,
@@ -34,7 +35,7 @@ MAX_SNAPSHOT_DEPTH = 4
 # ---------------------------------------------------------------------- the in-place snapshot
 #: Attributes of ``nn.Module`` that the snapshot handles itself (or must not touch).
 _MODULE_INTERNALS = frozenset({"_parameters", "_buffers", "_modules", "training",
-                               "_non_persistent_buffers_set", "_trainer", "_fabric"})
+                               "_non_persistent_buffers_set"}) | LIGHTNING_MODULE_REFERENCES
 
 
 @dataclass
