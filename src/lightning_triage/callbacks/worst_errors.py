@@ -213,8 +213,7 @@ class WorstErrors(TriageCallback):
             f"The {len(rows)} validation examples with the highest loss (of {self.buffer.seen} "
             f"seen at step {trainer.global_step}): loss {rows[0]['loss']:.3g} down to "
             f"{rows[-1]['loss']:.3g}; {wrong} predicted as another class than their label, "
-            f"{confident} of them with confidence above 0.9. Look at them ({shown}): wrong "
-            "labels, corrupt or ambiguous inputs show up here first.",
+            f"{confident} of them with confidence above 0.9. The examples: {shown}.",
             evidence={"k": self.k, "seen": self.buffer.seen, "wrong": wrong,
                       "confident_wrong": confident, "examples": rows,
                       "thumbnail_layout": "C x h x w uint8" if rows[0]["thumbnail"] else None},

@@ -78,8 +78,7 @@ def shape_mismatch(events: list[dict[str, Any]], framework: list[dict[str, Any]]
         "structure.shape_mismatch", 0,
         f"`{first['op']}` combines predictions of shape {tuple(pred)} with targets of shape "
         f"{tuple(tgt)}, which broadcast silently to {tuple(res)}: every prediction is compared "
-        f"with every target. Make the shapes equal before the loss (e.g. `pred.squeeze(-1)` "
-        f"or `target.view_as(pred)`).",
+        f"with every target.",
         evidence={"prediction_shape": pred, "target_shape": tgt, "broadcast_shape": res,
                   "op": first["op"], "operations": events, "framework_warnings": framework,
                   "head_module": head_name},
@@ -163,10 +162,7 @@ def causal_leak(head_label: str, layer: str | None, first: str | None, where: st
         "structure.causal_leak", 0,
         f"Output position {dep.position} of `{head_label}` depends on "
         f"later input positions {shown}{more} ({100 * dep.ratio:.1f}% of its input "
-        f"gradient norm comes from the future); checked because of {reason}. Check "
-        "the attention masks (upper triangle masked? the encoder's too? cross-attention "
-        "to an encoder that saw the whole sequence?) and every layer that mixes "
-        f"positions (convolutions need left padding).{where}",
+        f"gradient norm comes from the future); checked because of {reason}.{where}",
         layer=layer,
         evidence={"position": dep.position, "future_positions": dep.future_positions,
                   "first_module": first,

@@ -93,7 +93,7 @@ def tiny_scale_rule(s: TensorSummary, *, max_rms: float, where: str, batch_idx: 
         f"{where} (step {step}): float input `{s.name}` ({s.dtype} {tuple(s.shape)}) is "
         f"non-negative with values in [{_fmt(s.min)}, {_fmt(s.max)}] and root mean square "
         f"{_fmt(s.rms)}: every value is far below unit scale (images divided by their range "
-        "twice?). Standardize with the training set's mean and std, or scale pixels to [0, 1] once.",
+        "twice?).",
         evidence={"tensor": s.name, "batch_idx": batch_idx, "min": s.min, "max": s.max,
                   "mean": s.mean, "std": s.std, "rms": s.rms})
 
@@ -116,12 +116,9 @@ def unnormalized_rule(s: TensorSummary, *, max_rms: float, where: str, batch_idx
     detail = (f"values in [{_fmt(s.min)}, {_fmt(s.max)}], mean {_fmt(s.mean)}, std {_fmt(s.std)}, "
               f"root mean square {_fmt(s.rms)}")
     if verdict == "large":
-        advice = (f"far from standardized (rms > {max_rms:g}; standardized inputs have rms ~1). "
-                  "Standardize with the training set's mean and std, or scale pixels to [0, 1] "
-                  "(`x / 255`, `x / 16` for digits).")
+        advice = f"far from standardized (rms > {max_rms:g}; standardized inputs have rms ~1)."
     else:
-        advice = ("so small that early layers see almost nothing (divided by 255 twice?). "
-                  "Standardize with the training set's mean and std.")
+        advice = ("so small that early layers see almost nothing (divided by 255 twice?).")
     return Verdict(
         "data.unnormalized_input", step,
         f"{where} (step {step}): float input `{s.name}` ({s.dtype} {tuple(s.shape)}) has "
