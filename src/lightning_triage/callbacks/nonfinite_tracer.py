@@ -2,35 +2,34 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.types import STEP_OUTPUT
-from lightning_utilities.core.apply_func import apply_to_collection
-from torch import Tensor, nn
+from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage.callbacks._monitor import StepCounter, step_counter
+from lightning_triage.callbacks._nonfinite_replay import replay_step
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import split_batch
 from lightning_triage.functional.nonfinite import (
     Localization,
-    float32_state,
-    float_tensors,
-    localize_nonfinite,
     max_abs,
 )
 from lightning_triage.functional.numerics import (
     REDUCED_PRECISIONS,
     DeferredFlags,
+    Mode,
+    OnNonFinite,
+    OutputPeaks,
     deferred_verdict,
+    describe_tracer,
     finite_or_none,
     localized_verdict,
     near_overflow_verdicts,
@@ -38,52 +37,10 @@ from lightning_triage.functional.numerics import (
     nonfinite_params_verdict,
     not_localized_verdict,
     precision_overflow_verdict,
+    step_healthy,
+    validate_tracer_options,
 )
-from lightning_triage.functional.tensors import abs_peak
 from lightning_triage.functional.verdict import Verdict
-from lightning_triage.probing import probe_module, step_loss
-
-OnNonFinite = Literal["stop", "skip", "warn"]
-Mode = Literal["auto", "sync", "deferred"]
-ON_NONFINITE: tuple[OnNonFinite, ...] = ("stop", "skip", "warn")
-MODES: tuple[Mode, ...] = ("auto", "sync", "deferred")
-
-def _healthy(total: float | Tensor | None, peak: Tensor | None) -> bool:
-    """At most one host read: a non-finite total gradient norm or a non-finite peak means a
-    problem (a NaN/Inf in any gradient makes its norm, hence the total, non-finite)."""
-    if isinstance(total, float):  # read on the host already (CPU)
-        return math.isfinite(total) and (peak is None or math.isfinite(peak.item()))
-    if total is None:
-        return peak is None or math.isfinite(peak.item())
-    return math.isfinite((total if peak is None else total + peak.to(total.device)).item())
-
-
-def _to_float32(batch: Any) -> Any:
-    def cast(t: Tensor) -> Tensor:
-        return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
-
-    return apply_to_collection(batch, Tensor, cast)
-
-
-def _validate(on_nonfinite: str, mode: str, check_every_n_steps: int,
-              near_overflow_every_n_steps: int | None, near_overflow_ratio: float,
-              max_localized: int) -> None:
-    """Raise ``ValueError`` naming the first argument out of range."""
-    if on_nonfinite not in ON_NONFINITE:
-        raise ValueError(f"`on_nonfinite` must be one of {ON_NONFINITE}, got {on_nonfinite!r}.")
-    if mode not in MODES:
-        raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
-    if not isinstance(check_every_n_steps, int) or check_every_n_steps < 1:
-        raise ValueError(f"`check_every_n_steps` must be an integer >= 1, got "
-                         f"{check_every_n_steps!r}.")
-    if near_overflow_every_n_steps is not None and (
-            not isinstance(near_overflow_every_n_steps, int) or near_overflow_every_n_steps < 1):
-        raise ValueError(f"`near_overflow_every_n_steps` must be an integer >= 1 or None, got "
-                         f"{near_overflow_every_n_steps!r}.")
-    if not 0 < near_overflow_ratio < 1:
-        raise ValueError(f"`near_overflow_ratio` must be in (0, 1), got {near_overflow_ratio!r}.")
-    if not isinstance(max_localized, int) or max_localized < 0:
-        raise ValueError(f"`max_localized` must be an integer >= 0, got {max_localized!r}.")
 
 
 class NonFiniteTracer(TriageCallback):
@@ -173,8 +130,8 @@ class NonFiniteTracer(TriageCallback):
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        _validate(on_nonfinite, mode, check_every_n_steps, near_overflow_every_n_steps,
-                  near_overflow_ratio, max_localized)
+        validate_tracer_options(on_nonfinite, mode, check_every_n_steps,
+                                near_overflow_every_n_steps, near_overflow_ratio, max_localized)
         self.on_nonfinite = on_nonfinite
         self.mode = mode
         self.check_every_n_steps = check_every_n_steps
@@ -217,7 +174,7 @@ class NonFiniteTracer(TriageCallback):
         self._flags = DeferredFlags()
         self._losses: list[Tensor] = []
         # near-overflow sampling
-        self._peaks: list[tuple[str, Tensor]] | None = None
+        self._peaks: OutputPeaks | None = None
         self._near_reported: set[str] = set()
 
     # ------------------------------------------------------------------ setup
@@ -237,17 +194,10 @@ class NonFiniteTracer(TriageCallback):
         self.mark_ran(self._describe())
 
     def _describe(self) -> str:
-        mode = "sync" if self._sync else f"deferred (read every {self.check_every_n_steps} steps)"
-        parts = [f"mode {mode}", f"{self.nonfinite_steps} non-finite step(s)"]
-        if self.first_step is not None:
-            parts.append(f"first at step {self.first_step}")
-        if self.skipped_steps:
-            parts.append(f"{self.skipped_steps} skipped")
-        if self.scaler_skips:
-            parts.append(f"{self.scaler_skips} gradient-scaler skip(s) (normal)")
-        if self.replay_calls:
-            parts.append(f"{self.replay_calls} `training_step` call(s) in replays")
-        return ", ".join(parts)
+        return describe_tracer(sync=self._sync, every=self.check_every_n_steps,
+                               nonfinite_steps=self.nonfinite_steps, first_step=self.first_step,
+                               skipped=self.skipped_steps, scaler_skips=self.scaler_skips,
+                               replay_calls=self.replay_calls)
 
     # ------------------------------------------------------------------ per step
     @override
@@ -320,7 +270,7 @@ class NonFiniteTracer(TriageCallback):
         watched = self._losses
         if self.check_params and self._batch_step % self.check_every_n_steps == 0:
             watched = [*watched, *(p for group in optimizer.param_groups for p in group["params"])]
-        local_bad = self._loss_bad or not _healthy(total, max_abs(watched) if watched else None)
+        local_bad = self._loss_bad or not step_healthy(total, max_abs(watched) if watched else None)
         params_bad = False
         if local_bad:  # the rare path: find out exactly which signal it was
             params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -485,29 +435,11 @@ class NonFiniteTracer(TriageCallback):
     # ------------------------------------------------------------------ replay
     def _replay(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                 float32: bool) -> Localization:
-        batch = _to_float32(self._batch) if float32 else self._batch
-        n_args = len(inspect.signature(pl_module.training_step).parameters)
-        args: tuple[Any, ...] = (batch, self._batch_idx) if n_args >= 2 else (batch,)
-        # on a copy of the module (its state stays out of the run; loggers quiet), or in place
-        # under a complete snapshot when a copy does not fit; every RNG is put back after
-        with probe_module(trainer, pl_module, trainer.optimizers, factor=2.0) as probe, \
-                torch.enable_grad(), ExitStack() as stack:
-            model = probe.module
+        def count() -> None:
+            self.replay_calls += 1
 
-            def step() -> Tensor | None:
-                self.replay_calls += 1
-                return step_loss(model.training_step(*args))
-
-            if self._rng is not None:
-                torch.set_rng_state(self._rng)
-            if self._cuda_rng is not None:
-                torch.cuda.set_rng_state(self._cuda_rng, pl_module.device)
-            if float32:
-                stack.enter_context(float32_state(model))
-                stack.enter_context(torch.autocast(pl_module.device.type, enabled=False))
-            else:
-                stack.enter_context(trainer.precision_plugin.forward_context())
-            return localize_nonfinite(model, step)
+        return replay_step(trainer, pl_module, self._batch, self._batch_idx, rng=self._rng,
+                           cuda_rng=self._cuda_rng, float32=float32, on_call=count)
 
     # ------------------------------------------------------------------ findings
     def _forward(self, trainer: pl.Trainer, verdicts: list[Verdict] | Verdict | None) -> None:
@@ -562,33 +494,19 @@ class NonFiniteTracer(TriageCallback):
 
     # ------------------------------------------------------------------ near overflow
     def _sample_outputs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        peaks: list[tuple[str, Tensor]] = []
-        self._peaks = peaks
-
-        def make_hook(name: str) -> Any:
-            def hook(mod: nn.Module, args: Any, output: Any) -> None:
-                for t in float_tensors(output):
-                    if t.dtype in (torch.float16, torch.bfloat16):
-                        peak = abs_peak(t)  # None for an empty output (an idle expert)
-                        if peak is not None:
-                            peaks.append((name, peak))
-
-            return self.guard_hook(trainer, "forward hook", hook)
-
+        self._peaks = sampler = OutputPeaks()
         for name, sub in pl_module.named_modules():
             if not isinstance(sub, torch.jit.ScriptModule):  # takes no hooks
-                self.add_handle(sub.register_forward_hook(make_hook(name)))
+                self.add_handle(sub.register_forward_hook(
+                    self.guard_hook(trainer, "forward hook", sampler.hook(name))))
 
     def _read_samples(self, trainer: pl.Trainer) -> None:
-        peaks, self._peaks = self._peaks, None
+        sampler, self._peaks = self._peaks, None
         self.remove_handles()
-        if not peaks:
-            return
-        values = torch.stack([v for _, v in peaks]).tolist()
-        self._forward(trainer, near_overflow_verdicts(
-            [(name, v) for (name, _), v in zip(peaks, values, strict=True)],
-            self._reduced or torch.float16, self.near_overflow_ratio, step=self._batch_step,
-            reported=self._near_reported))
+        if sampler is not None:
+            self._forward(trainer, near_overflow_verdicts(
+                sampler.read(), self._reduced or torch.float16, self.near_overflow_ratio,
+                step=self._batch_step, reported=self._near_reported))
 
     # ------------------------------------------------------------------ state
     @override

@@ -14,9 +14,9 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -24,11 +24,18 @@ from torch import Tensor, nn
 from lightning_triage.functional.nonfinite import (
     Localization,
     dtype_max,
+    float_tensors,
     max_abs,
     nonfinite_examples,
     tensor_stats,
 )
+from lightning_triage.functional.tensors import abs_peak
 from lightning_triage.functional.verdict import Verdict
+
+OnNonFinite = Literal["stop", "skip", "warn"]
+Mode = Literal["auto", "sync", "deferred"]
+ON_NONFINITE: tuple[OnNonFinite, ...] = ("stop", "skip", "warn")
+MODES: tuple[Mode, ...] = ("auto", "sync", "deferred")
 
 #: Bits of the deferred flags: the loss, the gradients, the parameters went non-finite.
 LOSS, GRAD, PARAMS = 1, 2, 4
@@ -377,15 +384,122 @@ def finite_or_none(value: Tensor | None) -> bool:
     return value is None or math.isfinite(float(value))
 
 
+def validate_tracer_options(on_nonfinite: str, mode: str, check_every_n_steps: int,
+                            near_overflow_every_n_steps: int | None, near_overflow_ratio: float,
+                            max_localized: int) -> None:
+    """Check :class:`~lightning_triage.NonFiniteTracer`'s arguments.
+
+    Raises:
+        ValueError: naming the first argument out of range.
+    """
+    if on_nonfinite not in ON_NONFINITE:
+        raise ValueError(f"`on_nonfinite` must be one of {ON_NONFINITE}, got {on_nonfinite!r}.")
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
+    if not isinstance(check_every_n_steps, int) or check_every_n_steps < 1:
+        raise ValueError(f"`check_every_n_steps` must be an integer >= 1, got "
+                         f"{check_every_n_steps!r}.")
+    if near_overflow_every_n_steps is not None and (
+            not isinstance(near_overflow_every_n_steps, int) or near_overflow_every_n_steps < 1):
+        raise ValueError(f"`near_overflow_every_n_steps` must be an integer >= 1 or None, got "
+                         f"{near_overflow_every_n_steps!r}.")
+    if not 0 < near_overflow_ratio < 1:
+        raise ValueError(f"`near_overflow_ratio` must be in (0, 1), got {near_overflow_ratio!r}.")
+    if not isinstance(max_localized, int) or max_localized < 0:
+        raise ValueError(f"`max_localized` must be an integer >= 0, got {max_localized!r}.")
+
+
+def describe_tracer(*, sync: bool, every: int, nonfinite_steps: int, first_step: int | None,
+                    skipped: int, scaler_skips: int, replay_calls: int) -> str:
+    """The tracer's check detail (its mode and counts).
+
+    Example:
+        >>> describe_tracer(sync=True, every=50, nonfinite_steps=1, first_step=3, skipped=1,
+        ...                 scaler_skips=0, replay_calls=2)
+        'mode sync, 1 non-finite step(s), first at step 3, 1 skipped, 2 `training_step` call(s) in replays'
+    """
+    mode = "sync" if sync else f"deferred (read every {every} steps)"
+    parts = [f"mode {mode}", f"{nonfinite_steps} non-finite step(s)"]
+    if first_step is not None:
+        parts.append(f"first at step {first_step}")
+    if skipped:
+        parts.append(f"{skipped} skipped")
+    if scaler_skips:
+        parts.append(f"{scaler_skips} gradient-scaler skip(s) (normal)")
+    if replay_calls:
+        parts.append(f"{replay_calls} `training_step` call(s) in replays")
+    return ", ".join(parts)
+
+
+def step_healthy(total: float | Tensor | None, peak: Tensor | None) -> bool:
+    """Whether a step is finite, with at most one host read: a non-finite total gradient norm or
+    a non-finite peak means a problem (a NaN/Inf in any gradient makes its norm, hence the
+    total, non-finite).
+
+    Example:
+        >>> step_healthy(torch.tensor(3.0), torch.tensor(float("inf"))), step_healthy(2.0, None)
+        (False, True)
+    """
+    if isinstance(total, float):  # read on the host already (CPU)
+        return math.isfinite(total) and (peak is None or math.isfinite(peak.item()))
+    if total is None:
+        return peak is None or math.isfinite(peak.item())
+    return math.isfinite((total if peak is None else total + peak.to(total.device)).item())
+
+
+class OutputPeaks:
+    """Forward hooks that collect the max ``|x|`` of reduced-precision (float16/bfloat16) module
+    outputs, on the device, until :meth:`read`.
+
+    Example:
+        >>> net = nn.Linear(2, 2).to(torch.bfloat16)
+        >>> sampler = OutputPeaks()
+        >>> handle = net.register_forward_hook(sampler.hook("fc"))
+        >>> _ = net(torch.ones(1, 2, dtype=torch.bfloat16))
+        >>> handle.remove()
+        >>> [name for name, _ in sampler.read()]
+        ['fc']
+    """
+
+    def __init__(self) -> None:
+        self.peaks: list[tuple[str, Tensor]] = []
+
+    def hook(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
+        """A forward hook recording the outputs' peaks under ``name``."""
+        peaks = self.peaks
+
+        def hook(mod: nn.Module, args: Any, output: Any) -> None:
+            for t in float_tensors(output):
+                if t.dtype in (torch.float16, torch.bfloat16):
+                    peak = abs_peak(t)  # None for an empty output (an idle expert)
+                    if peak is not None:
+                        peaks.append((name, peak))
+
+        return hook
+
+    def read(self) -> list[tuple[str, float]]:
+        """The ``(module, max |x|)`` pairs recorded (one host read)."""
+        if not self.peaks:
+            return []
+        values = torch.stack([v for _, v in self.peaks]).tolist()
+        return [(name, v) for (name, _), v in zip(self.peaks, values, strict=True)]
+
+
 __all__ = [
     "GRAD",
     "LOSS",
+    "MODES",
+    "ON_NONFINITE",
     "PARAMS",
     "REDUCED_PRECISIONS",
     "DeferredFlags",
     "DeferredRead",
+    "Mode",
+    "OnNonFinite",
+    "OutputPeaks",
     "deferred_verdict",
     "describe_module",
+    "describe_tracer",
     "finite_or_none",
     "localized_verdict",
     "near_overflow_verdicts",
@@ -394,4 +508,6 @@ __all__ = [
     "not_localized_verdict",
     "precision_overflow_verdict",
     "short_dtype",
+    "step_healthy",
+    "validate_tracer_options",
 ]
