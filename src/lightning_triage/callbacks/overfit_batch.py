@@ -125,6 +125,17 @@ def preserved_attributes(module: nn.Module) -> Iterator[None]:
                 object.__setattr__(metric, key, item)
 
 
+def _note_params(run: ProbeRun, params: list[tuple[str, nn.Parameter]],
+                 held: set[int]) -> dict[str, int]:
+    """Record the frozen parameters and those in no param group; the trainable ones' sizes."""
+    trainable = {n: p.numel() for n, p in params if p.requires_grad}
+    frozen = {n: p.numel() for n, p in params if not p.requires_grad}
+    run.frozen = group_by_module(frozen, {**trainable, **frozen}) if frozen else []
+    outside = [n for n, p in params if p.requires_grad and id(p) not in held]
+    run.outside_optimizer = group_by_module(outside, trainable) if outside else []
+    return trainable
+
+
 class OverfitBatchCheck(TriageCallback):
     """Train on a few examples of the first batch alone: a healthy setup memorizes them.
 
@@ -295,14 +306,6 @@ class OverfitBatchCheck(TriageCallback):
         held = {id(p) for g in optimizer.param_groups for p in g["params"]}
         params = list(pl_module.named_parameters())
         trainable: dict[str, int] = {}
-
-        def describe_params() -> None:  # after the first forward: lazy modules have sizes then
-            trainable.update({n: p.numel() for n, p in params if p.requires_grad})
-            frozen = {n: p.numel() for n, p in params if not p.requires_grad}
-            run.frozen = group_by_module(frozen, {**trainable, **frozen}) if frozen else []
-            outside = [n for n, p in params if p.requires_grad and id(p) not in held]
-            run.outside_optimizer = group_by_module(outside, trainable) if outside else []
-
         pass_idx = is_param_in_hook_signature(pl_module.training_step, "batch_idx", min_args=2)
         args = (batch, 0) if pass_idx else (batch,)
         started = time.perf_counter()
@@ -311,43 +314,12 @@ class OverfitBatchCheck(TriageCallback):
             tic = time.perf_counter()
             for _, p in params:
                 p.grad = None
-            captured = None
-            try:
-                with ExitStack() as stack:
-                    captured = stack.enter_context(capture_last_output(pl_module)) if (
-                        step == 0 or (step + 1) % PLATEAU_EVERY == 0) else None
-                    stack.enter_context(trainer.precision_plugin.train_step_context())
-                    stack.enter_context(user_code())
-                    run.calls += 1
-                    output = pl_module.training_step(*args)
-            except UserCodeError as err:
-                run.error, output = err.describe(), None
-            if step == 0 and not run.error:
-                describe_params()
+            output, captured = self._user_step(trainer, pl_module, args, run, step)
+            if step == 0 and not run.error:  # after the first forward: lazy modules have sizes
+                trainable = _note_params(run, params, held)
             loss = step_loss(output)
-            stop = ""
-            if run.error:
-                stop = "error"
-            elif loss is None:
-                stop = "no_loss"
-            elif not loss.requires_grad:
-                run.detached = True
-                run.losses.append(float(loss.detach().float()))
-                stop = "detached"
-            else:
-                value = float(loss.detach().float())
-                run.losses.append(value)
-                if step == 0:
-                    set_reference(run, value, split_batch(batch).targets,
-                                  captured.output if captured else None, task=self.task,
-                                  num_classes=self.num_classes, tolerance=self.tolerance)
-                if captured is not None and captured.output is not None and \
-                        run.targets is not None:  # judged by its predictions at a plateau
-                    run.all_right = predictions_right(captured.output, run.targets, run.class_dim,
-                                                      IGNORE_INDEX)
-                if not math.isfinite(value) or value <= run.target:
-                    stop = "done"
-            if self._stop_everywhere(trainer, run, stop):
+            if self._stop_everywhere(trainer, run, self._judge_loss(run, step, loss, batch,
+                                                                    captured)):
                 return
             assert loss is not None
             try:
@@ -362,23 +334,70 @@ class OverfitBatchCheck(TriageCallback):
                 self._stop_everywhere(trainer, run, "error")
                 return
             step_times.append(time.perf_counter() - tic)
-            # decide on the second step (the first may pay one-time costs), unless the first
-            # step alone already exceeds the budget
-            if step <= 1:
-                run.step_seconds = min(step_times)
-                if (step == 0 and run.step_seconds > self.time_budget) or (
-                        step == 1 and run.step_seconds * self.min_steps > self.time_budget):
-                    stop = "budget"
-            elif time.perf_counter() - started + run.step_seconds > self.time_budget:
-                stop = "time"
-            if not stop and (step + 1) % PLATEAU_EVERY == 0:
-                if run.floor is not None and run.floor > run.target:
-                    stop = "floor"  # decided: this loss cannot reach the target
-                elif plateaued(run.losses, run.target):
-                    stop = "plateau"
-            if self._stop_everywhere(trainer, run, stop):
+            if self._stop_everywhere(trainer, run, self._pace(run, step, step_times, started)):
                 return
         run.step_seconds = run.step_seconds or (min(step_times) if step_times else 0.0)
+
+    @staticmethod
+    def _user_step(trainer: pl.Trainer, pl_module: pl.LightningModule, args: tuple[Any, ...],
+                   run: ProbeRun, step: int) -> tuple[Any, Any]:
+        """One call of the user's ``training_step`` (its output, and the model's last output
+        captured at the first step and at each plateau test)."""
+        captured = None
+        try:
+            with ExitStack() as stack:
+                captured = stack.enter_context(capture_last_output(pl_module)) if (
+                    step == 0 or (step + 1) % PLATEAU_EVERY == 0) else None
+                stack.enter_context(trainer.precision_plugin.train_step_context())
+                stack.enter_context(user_code())
+                run.calls += 1
+                output = pl_module.training_step(*args)
+        except UserCodeError as err:
+            run.error, output = err.describe(), None
+        return output, captured
+
+    def _judge_loss(self, run: ProbeRun, step: int, loss: Tensor | None, batch: Any,
+                    captured: Any) -> str:
+        """Record the step's loss; why the probe stops before its backward (``""``: it goes on)."""
+        if run.error:
+            return "error"
+        if loss is None:
+            return "no_loss"
+        if not loss.requires_grad:
+            run.detached = True
+            run.losses.append(float(loss.detach().float()))
+            return "detached"
+        value = float(loss.detach().float())
+        run.losses.append(value)
+        if step == 0:
+            set_reference(run, value, split_batch(batch).targets,
+                          captured.output if captured else None, task=self.task,
+                          num_classes=self.num_classes, tolerance=self.tolerance)
+        if captured is not None and captured.output is not None and \
+                run.targets is not None:  # judged by its predictions at a plateau
+            run.all_right = predictions_right(captured.output, run.targets, run.class_dim,
+                                              IGNORE_INDEX)
+        return "done" if not math.isfinite(value) or value <= run.target else ""
+
+    def _pace(self, run: ProbeRun, step: int, step_times: list[float], started: float) -> str:
+        """Why the probe stops after a step's update (``""``: it goes on): its time budget, or a
+        curve that can no longer reach the target."""
+        stop = ""
+        # decide on the second step (the first may pay one-time costs), unless the first
+        # step alone already exceeds the budget
+        if step <= 1:
+            run.step_seconds = min(step_times)
+            if (step == 0 and run.step_seconds > self.time_budget) or (
+                    step == 1 and run.step_seconds * self.min_steps > self.time_budget):
+                stop = "budget"
+        elif time.perf_counter() - started + run.step_seconds > self.time_budget:
+            stop = "time"
+        if not stop and (step + 1) % PLATEAU_EVERY == 0:
+            if run.floor is not None and run.floor > run.target:
+                stop = "floor"  # decided: this loss cannot reach the target
+            elif plateaued(run.losses, run.target):
+                stop = "plateau"
+        return stop
 
     @staticmethod
     def _stop_everywhere(trainer: pl.Trainer, run: ProbeRun, reason: str) -> bool:
