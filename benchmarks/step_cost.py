@@ -28,6 +28,7 @@ Not a test: run it by hand and record the numbers in docs/long_run.md ("Performa
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import statistics
 import time
@@ -71,9 +72,39 @@ def _spike_detection() -> list[Callback]:
     return [SpikeDetection()]
 
 
+class WorkOnly(Callback):
+    """The step path's work alone in one callback, no bookkeeping: the RNG snapshot a replay
+    needs, the loss read, one ``torch._foreach_norm`` over the gradients, their total and its
+    finiteness on the host, a row written to a preallocated slot. Lightning dispatches every
+    per-step hook to it (as to any callback): the floor of a callback doing this work."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[float]] = [[]] * 128
+        self.n = 0
+        self.finite = True
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.rng = torch.default_generator.get_state()
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           loss: torch.Tensor) -> None:
+        self.loss = loss.detach().item()
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None]
+        norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).tolist()
+        total = math.hypot(*norms)
+        self.finite = math.isfinite(total) and math.isfinite(self.loss)
+        self.rows[self.n] = [total, *norms, self.loss]
+        self.n = (self.n + 1) % len(self.rows)
+
+
 Config = Callable[[], tuple[list[Callback], Callable[[bool], None] | None]]
 CONFIGS: dict[str, Config] = {
     "empty Callback()": lambda: ([Callback()], None),
+    "work only (one callback)": lambda: ([WorkOnly()], None),
     "Triage()": lambda: ([Triage(window_epochs=0, window_steps=20, verbose=False)], None),
     "detect_anomaly=True": lambda: ([], torch.autograd.set_detect_anomaly),
     "naive per-module hooks": naive,
@@ -96,7 +127,7 @@ def work_floor_us(build: Callable[[], nn.Module], data: DataLoader, n: int = 200
     grads = [p.grad for p in module.parameters() if p.grad is not None]
 
     def work() -> bool:
-        torch.get_rng_state()
+        torch.default_generator.get_state()
         value = loss.item()
         norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).tolist()
         return math.isfinite(math.hypot(*norms)) and math.isfinite(value)
@@ -163,12 +194,28 @@ def whole_fit(build: Callable[[], nn.Module], data: DataLoader, epochs: int,
     return ratios, added, probes, steps
 
 
+def steady_state(build: Callable[[], nn.Module], data: DataLoader, configs: list[str],
+                 epochs: int, repeats: int) -> dict[str, list[tuple[float, float, list[float], float]]]:
+    """``repeats`` rounds over ``configs`` (interleaved: one fit of each per round, the same
+    process): per configuration and round ``(added us, ratio, 10-block ratios, bare us)``."""
+    out: dict[str, list[tuple[float, float, list[float], float]]] = {c: [] for c in configs}
+    for _ in range(repeats):
+        for config in configs:
+            subjects, toggle = CONFIGS[config]()
+            result = measure(build, data, subjects, epochs=epochs, toggle=toggle)
+            bare = 1e6 * statistics.fmean(t[0] for t in result.off)
+            out[config].append((added_us(result), result.ratio(0)[0], result.ratio(0, 10), bare))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--steps", type=int, default=300, help="steps per epoch")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs (after 1 warm-up)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="steady-state rounds over the configurations (best and range printed)")
     parser.add_argument("--fit-epochs", type=int, default=3, help="epochs of each whole fit")
     parser.add_argument("--pairs", type=int, default=3, help="whole-fit pairs")
     parser.add_argument("--skip-fit", action="store_true", help="steady state only")
@@ -176,30 +223,26 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     print(f"torch {torch.__version__}, lightning {pl.__version__}, CPU, {args.threads} "
-          f"thread(s); steady state: {args.epochs} timed epochs of {args.steps} steps")
+          f"thread(s); steady state: {args.repeats} interleaved rounds of {args.epochs} timed "
+          f"epochs of {args.steps} steps")
     for name in args.models:
         title, build, make_data = MODELS[name]
         data = make_data(args.steps)
         print(f"\n#### {title}\n")
-        print("| configuration | bare us/step (CPU) | added us/step | ratio [10 blocks: min-max] |"
-              "\n|---|---|---|---|")
-        triage_added = None
-        for config in args.configs:
-            subjects, toggle = CONFIGS[config]()
-            result = measure(build, data, subjects, epochs=args.epochs, toggle=toggle)
-            ratios = result.ratio(0, 10)
-            bare = 1e6 * statistics.fmean(t[0] for t in result.off)
-            extra = added_us(result)
-            if config == "Triage()":
-                triage_added = extra
-            print(f"| {config} | {bare:.0f} | {extra:+.1f} | {result.ratio(0)[0]:.3f} "
-                  f"[{min(ratios):.3f}-{max(ratios):.3f}] |", flush=True)
+        print("| configuration | bare us/step (CPU) | added us/step: best [range] | ratio: best "
+              "[range] | x work |\n|---|---|---|---|---|", flush=True)
+        rounds = steady_state(build, data, args.configs, args.epochs, args.repeats)
         work = work_floor_us(build, data)
-        line = f"\nwork itself in a tight loop: {work:.1f} us/step"
-        if triage_added is not None:
-            line += f"; Triage() adds {triage_added:.1f} us/step = {triage_added / work:.1f}x the work"
-        print(line, flush=True)
+        for config, runs in rounds.items():
+            added = [r[0] for r in runs]
+            ratios = [r[1] for r in runs]
+            bare = statistics.median(r[3] for r in runs)
+            print(f"| {config} | {bare:.0f} | {min(added):+.1f} [{min(added):+.1f} to "
+                  f"{max(added):+.1f}] | {min(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}] "
+                  f"| {min(added) / work:.1f} |", flush=True)
+        print(f"\nthe work itself in a tight loop: {work:.1f} us/step", flush=True)
         if args.skip_fit:
             continue
         ratios, added, probes, steps = whole_fit(build, make_data(args.steps), args.fit_epochs,

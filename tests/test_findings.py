@@ -18,7 +18,7 @@ from lightning_triage.findings import (
 )
 from lightning_triage.report import REPORT_SCHEMA, build_report
 
-# Every code of DESIGN.md (curve.* expanded): the public contract.
+# Every code of docs/design.md (curve.* expanded): the public contract.
 DESIGN_CODES = """
 data.nonfinite_input data.nonfinite_target data.unnormalized_input data.constant_input
 data.target_out_of_range data.class_imbalance data.repeated_batch data.duplicate_samples

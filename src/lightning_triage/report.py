@@ -1,6 +1,6 @@
 """The triage report: build it, validate it, write it as JSON and Markdown, print it.
 
-Schema ``lightning-triage/report/1`` (see ``DESIGN.md``); :data:`REPORT_SCHEMA` is its JSON
+Schema ``lightning-triage/report/1`` (see ``docs/design.md``); :data:`REPORT_SCHEMA` is its JSON
 Schema. Pure functions over findings and plain values: no Trainer needed.
 """
 

@@ -3,6 +3,7 @@ step inside the bundle, and still see what they saw alone (spikes, exact NaN rep
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -320,3 +321,30 @@ def test_the_device_path_sees_the_same_spike_and_losses(tmp_path: Path) -> None:
     b = np.array(device.check("LossCurveMonitor").series()["train_loss"])
     assert a.shape == b.shape and np.allclose(a, b, rtol=1e-5)
     assert not device.check("NonFiniteTracer").findings
+
+
+class _HookProbe(Callback):
+    """Records, at a steady-state step, which of the bundle's per-step hooks Lightning would call."""
+
+    def __init__(self, bundle: Triage) -> None:
+        self.bundle = bundle
+        self.callable: dict[str, bool] = {}
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.current_epoch == 2 and not self.callable:
+            self.callable = {hook: callable(getattr(self.bundle, hook)) for hook in (
+                "on_train_batch_start", "on_before_backward", "on_after_backward",
+                "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_end")}
+
+
+def test_the_bundle_drops_per_step_hooks_with_nothing_to_do(tmp_path: Path) -> None:
+    """Hooks no check needs in the steady state are not dispatched (Lightning skips a hook that
+    is not callable), the others are; all are back after the fit and in a pickle."""
+    bundle = Triage(window_epochs=1, window_steps=5, verbose=False, overfit=False)
+    probe = _HookProbe(bundle)
+    _fit(tmp_path, [bundle, probe], epochs=3)
+    assert probe.callable == {"on_train_batch_start": True, "on_before_backward": True,
+                              "on_after_backward": False, "on_before_optimizer_step": True,
+                              "on_before_zero_grad": False, "on_train_batch_end": True}
+    assert callable(bundle.on_after_backward) and callable(bundle.on_before_zero_grad)
+    assert callable(pickle.loads(pickle.dumps(bundle)).on_before_zero_grad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -162,3 +163,37 @@ def test_healthy_real_runs_have_no_gradient_findings() -> None:
             assert got == [], (case["name"], got)
         elif case["label"] == "diverging":
             assert "exploding" in [c for c, _ in got], (case["name"], got)
+
+
+def test_layer_groups_and_norms_agree_with_the_per_parameter_norms() -> None:
+    from lightning_triage.functional.gradients import layer_groups, layer_norms
+
+    names, groups = layer_groups(["enc.0.weight", "enc.0.bias", "enc.1.weight", "head.weight"],
+                                 max_layers=2)
+    assert (names, groups) == (["enc", "head"], [0, 0, 0, 1])
+    per = np.array([[1.0, 2.0, 2.0, 7.0], [0.0, 0.0, 0.0, 0.0]])
+    assert layer_norms(per, groups, len(names)).tolist() == [[3.0, 7.0], [0.0, 0.0]]
+    assert layer_norms(per, [0, -1, -1, -1], 1).tolist() == [[1.0], [0.0]]  # -1: no group
+
+
+def test_explosion_verdict_sustained_nonfinite_and_out_of_the_blue() -> None:
+    from lightning_triage.functional.gradients import explosion_verdict
+    from lightning_triage.functional.spikes import SpikeEvent
+
+    up = SpikeEvent("sustained", 40, 50.0, 1.0, 0.1, 50.0, confirmed_step=55)
+    v = explosion_verdict(up, [50.0], 0, clip=3.0, growth=1e3)
+    assert v is not None and v.code == "grad.exploding" and v.evidence["suggested_clip"] == 3.0
+    assert "confirmed at step 55" in v.message
+    down = SpikeEvent("sustained", 40, 0.5, 1.0, 0.1, 0.5, confirmed_step=55)
+    assert explosion_verdict(down, [0.5], 0, clip=None, growth=1e3) is None
+    nan = SpikeEvent("nonfinite", 3, math.inf, 2.3, 0.1, math.inf, confirmed_step=3)
+    grew = explosion_verdict(nan, [2.3, 125.0, 1e5, math.inf], 3, clip=None, growth=1e3)
+    assert grew is not None and grew.evidence["kind"] == "nonfinite"
+    assert explosion_verdict(nan, [2.3, 0.5, 0.4, math.inf], 3, clip=None, growth=1e3) is None
+
+
+def test_median_ratios_skips_non_finite_and_empty_columns() -> None:
+    from lightning_triage.functional.gradients import median_ratios
+
+    rows = np.array([[1.0, np.nan, 4.0], [3.0, np.nan, np.inf], [2.0, np.nan, 6.0]])
+    assert median_ratios(rows, ["a", "b", "c"]) == {"a": 2.0, "c": 5.0}

@@ -116,3 +116,17 @@ def test_robust_level_ignores_outliers_and_nonfinite() -> None:
 def test_invalid_arguments(kwargs: dict) -> None:
     with pytest.raises(ValueError, match="must"):
         SpikeWatch(**kwargs)
+
+
+def test_update_finite_feeds_each_finite_run_from_its_own_step() -> None:
+    values = [2.0, 2.1, 1.9, 2.0] * 10
+    steps = list(range(len(values)))
+    gapped = [*values[:20], math.inf, math.nan, *values[20:], 30.0]
+    gapped_steps = [*steps[:20], 20, 21, *(s + 2 for s in steps[20:]), len(values) + 2]
+    a, b = SpikeWatch(warmup=8), SpikeWatch(warmup=8)
+    plain = a.update([*values, 30.0])
+    finite = b.update_finite(gapped, gapped_steps)
+    assert [e.kind for e in plain] == [e.kind for e in finite] == ["spike"]
+    assert plain[0].step == len(values) and finite[0].step == len(values) + 2  # its own step
+    assert finite[0].value == plain[0].value
+    assert b.update_finite([math.inf, math.nan], [100, 101]) == []  # nothing finite: no events

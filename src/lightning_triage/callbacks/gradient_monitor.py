@@ -34,14 +34,19 @@ from lightning_triage.functional.gradients import (
     GradThresholds,
     alive_units,
     classify_gradients,
+    explosion_verdict,
     jumped_first,
+    layer_groups,
+    layer_norms,
     loss_spike_after,
+    median_ratios,
+    module_name,
     spike_verdict,
     suggest_clip,
     update_norms,
 )
 from lightning_triage.functional.series import BoundedSeries
-from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
+from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch
 from lightning_triage.functional.tensors import is_plain
 from lightning_triage.functional.verdict import Verdict
 
@@ -50,34 +55,7 @@ _UNIT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _FP16_AMP = ("16-mixed", "16", "16-mixed-amp")
 
 
-def _module_name(param_name: str) -> str:
-    return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
-
-
-_MAX_LAYERS = 40  # rows of the report's per-layer heatmap
-_MAX_LAYER_ROWS = 128  # columns (steps) of it
-
-
-def layer_groups(param_names: list[str], max_layers: int = _MAX_LAYERS) -> tuple[list[str], list[int]]:
-    """Group parameters by module for the report's per-layer gradient heatmap: the module names
-    (cut to a shallower depth until at most ``max_layers`` remain) and each parameter's group.
-
-    Example:
-        >>> layer_groups(["enc.0.weight", "enc.0.bias", "head.weight"])
-        (['enc.0', 'head'], [0, 0, 1])
-        >>> layer_groups(["a.0.w", "a.1.w", "b.w"], max_layers=2)
-        (['a', 'b'], [0, 0, 1])
-    """
-    modules = [_module_name(n) for n in param_names]
-    depth = max((m.count(".") + 1 for m in modules), default=1)
-    while True:
-        cut = [".".join(m.split(".")[:depth]) for m in modules]
-        names = list(dict.fromkeys(cut))
-        if len(names) <= max_layers or depth == 1:
-            names = names[:max_layers]  # depth 1 and still too many: the first ones
-            index = {n: i for i, n in enumerate(names)}
-            return names, [index.get(c, -1) for c in cut]
-        depth -= 1
+_MAX_LAYER_ROWS = 128  # columns (steps) of the report's per-layer heatmap
 
 
 class GradientMonitor(TriageCallback, WindowMixin):
@@ -210,7 +188,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._reported: set[tuple[str, int | None]] = set()
         # per-layer norms for the report's heatmap: bounded (decimated like `BoundedSeries`)
         self.layer_names: list[str] = []
-        self._layer_of: np.ndarray | None = None
+        self._layer_of: list[int] | None = None
         self.layer_rows: list[list[Any]] = []
         self._layer_stride = 1
         self._layer_seen = 0
@@ -395,19 +373,9 @@ class GradientMonitor(TriageCallback, WindowMixin):
     def _watch(self, trainer: pl.Trainer, steps: list[int], totals: np.ndarray,
                per: np.ndarray) -> None:
         finite = np.isfinite(totals)
-        events: list[SpikeEvent] = []
-        if self._amp_fp16 and not finite.all():
-            # the gradient scaler skips non-finite steps: feed the finite runs only
-            start = None
-            for i in range(len(steps) + 1):
-                ok = i < len(steps) and bool(finite[i])
-                if ok and start is None:
-                    start = i
-                elif not ok and start is not None:
-                    events += self.watcher.update(totals[start:i], start_step=steps[start])
-                    start = None
-        else:
-            events = self.watcher.update(totals, start_step=steps[0])
+        # under fp16 the gradient scaler skips non-finite steps: feed the finite runs only
+        events = self.watcher.update_finite(totals, steps) if self._amp_fp16 and not finite.all() \
+            else self.watcher.update(totals, start_step=steps[0])
         healthy = finite & ~np.isin(steps, [e.step for e in events])
         if healthy.any():
             med = np.median(per[healthy], axis=0)
@@ -421,27 +389,13 @@ class GradientMonitor(TriageCallback, WindowMixin):
                 self.counts["spikes_after_window"] += 1
                 if len(self._pending_spikes) < 16:
                     self._pending_spikes.append(e)
-            elif e.kind == "sustained" and e.value > e.level:
-                self.counts["explosions_after_window"] += 1
-                self._report(trainer, [Verdict(
-                    "grad.exploding", e.step,
-                    f"the total gradient norm jumped from a running level of {e.level:.3g} to "
-                    f"{e.value:.3g} ({e.ratio:.1f}x) at step {e.step} and stayed there "
-                    f"(confirmed at step {e.confirmed_step}).", layer=None,
-                    evidence={"step": e.step, "norm": e.value, "level_before": e.level,
-                     "ratio": e.ratio, "suggested_clip": suggest_clip(self.watcher.ring),
-                     "kind": "sustained"})], after_window=True)
-            elif e.kind == "nonfinite":
-                i = steps.index(e.step) if e.step in steps else 0
-                if not grew_before(totals, i, e.level, self.thresholds.growth / 10):
-                    continue  # NaN/Inf out of the blue: the numerics stage locates it
-                self.counts["explosions_after_window"] += 1
-                self._report(trainer, [Verdict(
-                    "grad.exploding", e.step,
-                    f"the total gradient norm became {e.value} at step {e.step} (running level "
-                    f"before: {e.level:.3g}).", layer=None,
-                    evidence={"step": e.step, "norm": str(e.value), "level_before": e.level,
-                     "kind": "nonfinite"})], after_window=True)
+            elif e.kind in ("sustained", "nonfinite"):
+                clip = suggest_clip(self.watcher.ring) if e.kind == "sustained" else None
+                verdict = explosion_verdict(e, totals, steps.index(e.step) if e.step in steps else 0,
+                                            clip=clip, growth=self.thresholds.growth)
+                if verdict is not None:
+                    self.counts["explosions_after_window"] += 1
+                    self._report(trainer, [verdict], after_window=True)
 
     def _resolve_spikes(self, trainer: pl.Trainer, final: bool) -> None:
         if not self._pending_spikes or not self._recent:
@@ -460,7 +414,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             i = int(where[0])
             loss = np.concatenate([c[3] for c in self._recent])
             followed = loss_spike_after(loss, i, th.follow_steps)
-            names = [_module_name(n) for n in self._names]
+            names = [module_name(n) for n in self._names]
             first = first_row = None
             ratios: dict[str, float] = {}
             if self._layer_base is not None:
@@ -477,24 +431,20 @@ class GradientMonitor(TriageCallback, WindowMixin):
     # ------------------------------------------------------------------ window
     def _classify(self, final: bool, extra: Mapping[str, Any] | None = None) -> list[Verdict]:
         rows = np.stack(self.w_rows) if self.w_rows else np.zeros((0, len(self._names)))
-        layers = {_module_name(self._names[j]): rows[:, j] for j in self._weight_idx}
+        layers = {module_name(self._names[j]): rows[:, j] for j in self._weight_idx}
         return classify_gradients(self.w_total, steps=self.w_steps, layers=layers,
                                   loss=self.w_loss, nonfinite_is_skip=self._amp_fp16,
                                   final=final, thresholds=self.thresholds, **(extra or {}))
 
     def _close_window(self, trainer: pl.Trainer, complete: bool = True) -> None:
-        ratios: dict[str, float] = {}
-        if self._ratio_rows:
-            r = torch.stack(self._ratio_rows).cpu().double().numpy()
-            for k, j in enumerate(self._weight_idx):
-                col = r[:, k][np.isfinite(r[:, k])]
-                if col.size:
-                    ratios[_module_name(self._names[j])] = float(np.median(col))
+        ratios = median_ratios(torch.stack(self._ratio_rows).cpu().double().numpy(),
+                               [module_name(self._names[j]) for j in self._weight_idx]) \
+            if self._ratio_rows else {}
         dead: dict[str, tuple[int, int]] = {}
         if self._alive is not None:
             for k, j in enumerate(self._unit_idx):
                 alive = self._alive[k]
-                dead[_module_name(self._names[j])] = (int((~alive).sum()), int(alive.numel()))
+                dead[module_name(self._names[j])] = (int((~alive).sum()), int(alive.numel()))
         verdicts = self._classify(final=True, extra={"update_ratios": ratios, "dead_units": dead})
         self._report(trainer, verdicts, after_window=False)
         n = len(self.w_total)
@@ -546,13 +496,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
         """Per-layer norms of this chunk into the bounded heatmap rows (at the flush, on host)."""
         if self._layer_of is None:
             self.layer_names, groups = layer_groups(self._names)
-            self._layer_of = np.zeros((len(self._names), len(self.layer_names)))
-            for j, g in enumerate(groups):
-                if g >= 0:
-                    self._layer_of[j, g] = 1.0
-        if per.shape[1] != self._layer_of.shape[0]:
+            self._layer_of = groups
+        if per.shape[1] != len(self._layer_of):
             return
-        layer = np.sqrt(np.square(per) @ self._layer_of)
+        layer = layer_norms(per, self._layer_of, len(self.layer_names))
         for step, row in zip(steps, layer, strict=True):
             if self._layer_seen % self._layer_stride == 0:
                 self.layer_rows.append([int(step), [float(v) if math.isfinite(v) else None

@@ -217,7 +217,7 @@ class NonFiniteTracer(TriageCallback):
         self._stepped = False
         self._grad_peak = None
         if self._sync:
-            self._rng = torch.get_rng_state()
+            self._rng = torch.default_generator.get_state()  # = torch.get_rng_state(), one call less
             if self._cuda is not None and torch.cuda.is_initialized():
                 self._cuda_rng = torch.cuda.get_rng_state(self._cuda)
         n = self.near_overflow_every_n_steps

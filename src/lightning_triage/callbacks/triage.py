@@ -234,12 +234,8 @@ class Triage(Callback):
         skip the checks that are done with their per-step work (``idle``)."""
         if hook in _PER_STEP:
             if self._active_version != TriageCallback.idle_version:
-                self._active, self._active_version = {}, TriageCallback.idle_version
-            callees = self._active.get(hook)
-            if callees is None:  # the per-step callees, rebuilt when a check goes idle
-                callees = self._active[hook] = [
-                    c for c in self._all_callees(hook)
-                    if not (isinstance(c[0], TriageCallback) and c[0].idle)]
+                self._refresh_active()
+            callees = self._active[hook]
         else:
             callees = self._all_callees(hook)
         for cb, fn, guarded in callees:
@@ -254,6 +250,24 @@ class Triage(Callback):
             except Exception as exc:
                 cb.hook_failed(trainer, hook, exc)
 
+    def _refresh_active(self) -> None:
+        """Rebuild the per-step callees (at the first step, then when a check goes idle). A
+        per-step hook left with none is set to ``None`` on this instance for the rest of the fit:
+        Lightning skips a hook that is not callable, so the step does not pay its dispatch (a
+        check that went idle stays idle until the next ``setup``, which restores the hooks)."""
+        self._active, self._active_version = {}, TriageCallback.idle_version
+        for hook in _PER_STEP:
+            callees = self._active[hook] = [
+                c for c in self._all_callees(hook)
+                if not (isinstance(c[0], TriageCallback) and c[0].idle)]
+            if not callees and self._in_fit:
+                self.__dict__[hook] = None
+
+    def _restore_hooks(self) -> None:
+        """Undo :meth:`_refresh_active`'s ``None`` hooks (end of fit, exception, pickling)."""
+        for hook in _PER_STEP:
+            self.__dict__.pop(hook, None)
+
     def _all_callees(self, hook: str) -> list[tuple[Callback, Callable[..., Any], bool]]:
         callees = self._callees_by_hook.get(hook)
         if callees is None:
@@ -265,6 +279,9 @@ class Triage(Callback):
         state = self.__dict__.copy()
         state["_callees_by_hook"] = {}  # functions and bound methods: rebuilt on first use
         state["_active"], state["_active_version"] = {}, -1
+        state["_in_fit"] = False
+        for hook in _PER_STEP:
+            state.pop(hook, None)
         return state
 
     @override
@@ -282,12 +299,16 @@ class Triage(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._callees_by_hook = {}  # `checks` may have been edited since the last fit
         self._active, self._active_version = {}, -1
+        self._restore_hooks()
+        self._in_fit = stage == "fit"
         for check in self.checks:
             check.idle = False
         self._each("setup", trainer, pl_module, stage)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._in_fit = False
+        self._restore_hooks()
         self._each("teardown", trainer, pl_module, stage)
 
     @override
@@ -392,4 +413,6 @@ class Triage(Callback):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
+        self._in_fit = False
+        self._restore_hooks()
         self._each("on_exception", trainer, pl_module, exception)

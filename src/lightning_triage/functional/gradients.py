@@ -216,6 +216,93 @@ def spike_verdict(event: SpikeEvent, *, clip: float | None, followed: int | None
          "layer_ratios_top": top, "after_window": after_window})
 
 
+def module_name(param_name: str) -> str:
+    """The module of a parameter name (``"enc.0.weight"`` -> ``"enc.0"``)."""
+    return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
+
+
+def layer_groups(param_names: Sequence[str], max_layers: int = 40) -> tuple[list[str], list[int]]:
+    """Group parameters by module for the report's per-layer gradient heatmap: the module names
+    (cut to a shallower depth until at most ``max_layers`` remain) and each parameter's group.
+
+    Example:
+        >>> layer_groups(["enc.0.weight", "enc.0.bias", "head.weight"])
+        (['enc.0', 'head'], [0, 0, 1])
+        >>> layer_groups(["a.0.w", "a.1.w", "b.w"], max_layers=2)
+        (['a', 'b'], [0, 0, 1])
+    """
+    modules = [module_name(n) for n in param_names]
+    depth = max((m.count(".") + 1 for m in modules), default=1)
+    while True:
+        cut = [".".join(m.split(".")[:depth]) for m in modules]
+        names = list(dict.fromkeys(cut))
+        if len(names) <= max_layers or depth == 1:
+            names = names[:max_layers]  # depth 1 and still too many: the first ones
+            index = {n: i for i, n in enumerate(names)}
+            return names, [index.get(c, -1) for c in cut]
+        depth -= 1
+
+
+def layer_norms(per: np.ndarray, groups: Sequence[int], n_layers: int) -> np.ndarray:
+    """Per-layer gradient norms (steps x layers) from per-parameter ones (steps x parameters),
+    each parameter in group ``groups[j]`` (``-1``: none), vectorized over the steps.
+
+    Example:
+        >>> layer_norms(np.array([[3.0, 4.0, 1.0]]), [0, 0, 1], 2).tolist()
+        [[5.0, 1.0]]
+    """
+    member = np.zeros((len(groups), n_layers))
+    for j, g in enumerate(groups):
+        if g >= 0:
+            member[j, g] = 1.0
+    return np.sqrt(np.square(per) @ member)
+
+
+def median_ratios(rows: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+    """The median of each column's finite values (sampled update-to-weight ratios, steps x
+    layers), by layer name; a layer with none is left out.
+
+    Example:
+        >>> median_ratios(np.array([[1e-3, np.nan], [3e-3, np.nan], [2e-3, np.nan]]), ["a", "b"])
+        {'a': 0.002}
+    """
+    out: dict[str, float] = {}
+    for k, name in enumerate(names):
+        col = rows[:, k][np.isfinite(rows[:, k])]
+        if col.size:
+            out[name] = float(np.median(col))
+    return out
+
+
+def explosion_verdict(event: SpikeEvent, totals: Sequence[float] | np.ndarray, i: int, *,
+                      clip: float | None, growth: float) -> Verdict | None:
+    """A ``grad.exploding`` verdict of the long-run watch from a ``"sustained"`` or
+    ``"nonfinite"`` event (index ``i`` in this chunk's ``totals``), or ``None``: a sustained
+    drop, or a NaN/Inf out of the blue (no growth before it: the numerics stage locates it).
+
+    Example:
+        >>> e = SpikeEvent("sustained", 40, 50.0, 1.0, 0.1, 50.0, confirmed_step=56)
+        >>> explosion_verdict(e, [50.0], 0, clip=2.0, growth=1e3).evidence["kind"]
+        'sustained'
+    """
+    if event.kind == "sustained" and event.value > event.level:
+        return Verdict(
+            "grad.exploding", event.step,
+            f"the total gradient norm jumped from a running level of {event.level:.3g} to "
+            f"{event.value:.3g} ({event.ratio:.1f}x) at step {event.step} and stayed there "
+            f"(confirmed at step {event.confirmed_step}).", layer=None,
+            evidence={"step": event.step, "norm": event.value, "level_before": event.level,
+                      "ratio": event.ratio, "suggested_clip": clip, "kind": "sustained"})
+    if event.kind == "nonfinite" and grew_before(totals, i, event.level, growth / 10):
+        return Verdict(
+            "grad.exploding", event.step,
+            f"the total gradient norm became {event.value} at step {event.step} (running level "
+            f"before: {event.level:.3g}).", layer=None,
+            evidence={"step": event.step, "norm": str(event.value), "level_before": event.level,
+                      "kind": "nonfinite"})
+    return None
+
+
 def classify_gradients(
     total: Sequence[float] | np.ndarray,
     *,
@@ -262,19 +349,12 @@ def classify_gradients(
         layers = {k: np.asarray(v, dtype=np.float64)[keep] for k, v in (layers or {}).items()}
         if loss is not None:
             loss = np.asarray(loss, dtype=np.float64)[keep]
-        finite = np.ones(x.size, dtype=bool)
     elif not finite.all():
         i = int(np.argmin(finite))
-        ref = float(np.median(x[: max(1, min(8, i))])) if i else math.nan
-        if not grew_before(x, i, ref, th.growth / 10):
-            # NaN/Inf out of the blue: a numerics bug (the numerics stage says where)
+        verdict = _nonfinite_verdict(x, st, i, th)
+        if verdict is None:  # NaN/Inf out of the blue: a numerics bug (the numerics stage says where)
             return out
-        out.append(Verdict(
-            "grad.exploding", int(st[i]),
-            f"the total gradient norm became {x[i]} at step {int(st[i])} (median before: "
-            f"{_fmt(float(np.median(x[:i]))) if i else 'n/a'}).",
-            layer=None, evidence={"first_nonfinite_step": int(st[i]), "value": str(x[i]),
-                   "median_before": float(np.median(x[:i])) if i else None}))
+        out.append(verdict)
         x, st = x[:i], st[:i]
     if x.size == 0:
         return out
@@ -282,8 +362,36 @@ def classify_gradients(
     names = list(layer_map.keys())
     mat = (np.stack([np.asarray(layer_map[n], dtype=np.float64)[: x.size] for n in names], axis=1)
            if names else None)
+    out += _window_spikes(x, st, names, mat, loss, th)
+    if not final or x.size < th.min_steps:
+        return out
+    if not any(v.code == "grad.exploding" for v in out):
+        out += _growth_verdicts(x, st, th)
+    if mat is not None and len(names) >= 3:
+        out += _depth_verdicts(names, mat, int(st[-1]), th)
+    out += _ratio_verdicts(update_ratios or {}, int(st[-1]), th)
+    out += _dead_verdicts(dead_units or {}, names, mat, int(st[-1]), x.size, th)
+    return out
 
-    # ---- spikes
+
+def _nonfinite_verdict(x: np.ndarray, st: np.ndarray, i: int, th: GradThresholds) -> Verdict | None:
+    """``grad.exploding`` for a window's first non-finite norm (index ``i``) after growth, else
+    ``None``."""
+    ref = float(np.median(x[: max(1, min(8, i))])) if i else math.nan
+    if not grew_before(x, i, ref, th.growth / 10):
+        return None
+    return Verdict(
+        "grad.exploding", int(st[i]),
+        f"the total gradient norm became {x[i]} at step {int(st[i])} (median before: "
+        f"{_fmt(float(np.median(x[:i]))) if i else 'n/a'}).",
+        layer=None, evidence={"first_nonfinite_step": int(st[i]), "value": str(x[i]),
+                              "median_before": float(np.median(x[:i])) if i else None})
+
+
+def _window_spikes(x: np.ndarray, st: np.ndarray, names: list[str], mat: np.ndarray | None,
+                   loss: Sequence[float] | np.ndarray | None, th: GradThresholds) -> list[Verdict]:
+    """``grad.spike`` verdicts of a window's (finite) total norms."""
+    out = []
     events = [e for e in detect_spikes(x, z=th.spike_z, ratio=th.spike_ratio,
                                        warmup=th.spike_warmup) if e.kind == "spike"]
     for e in events[: th.max_spikes]:
@@ -301,48 +409,57 @@ def classify_gradients(
                                  followed=followed, first_layer=first,
                                  first_step=None if first_row is None else int(st[first_row]),
                                  layer_ratios=ratios, follow_steps=th.follow_steps))
-    if not final or x.size < th.min_steps:
-        return out
+    return out
 
-    # ---- growth over time
+
+def _growth_verdicts(x: np.ndarray, st: np.ndarray, th: GradThresholds) -> list[Verdict]:
+    """``grad.exploding`` for total norms that grow over the window."""
     fifth = max(2, x.size // 5)
     head, tail = float(np.median(x[:fifth])), float(np.median(x[-fifth:]))
-    if head > 0 and tail > th.growth * head and not any(v.code == "grad.exploding" for v in out):
-        roll = np.lib.stride_tricks.sliding_window_view(x, min(8, x.size)).mean(axis=1)
-        cross = np.nonzero(roll > 10 * head)[0]
-        i = int(cross[0]) + min(8, x.size) - 1 if cross.size else x.size - 1
-        out.append(Verdict(
-            "grad.exploding", int(st[i]),
-            f"the total gradient norm grew {tail / head:.3g}x over the window: median "
-            f"{_fmt(head)} in the first {fifth} steps, {_fmt(tail)} in the last {fifth} "
-            f"(above 10x the start from step {int(st[i])}).",
-            layer=None, evidence={"first_median": head, "last_median": tail, "growth": tail / head}))
+    if not (head > 0 and tail > th.growth * head):
+        return []
+    roll = np.lib.stride_tricks.sliding_window_view(x, min(8, x.size)).mean(axis=1)
+    cross = np.nonzero(roll > 10 * head)[0]
+    i = int(cross[0]) + min(8, x.size) - 1 if cross.size else x.size - 1
+    return [Verdict(
+        "grad.exploding", int(st[i]),
+        f"the total gradient norm grew {tail / head:.3g}x over the window: median "
+        f"{_fmt(head)} in the first {fifth} steps, {_fmt(tail)} in the last {fifth} "
+        f"(above 10x the start from step {int(st[i])}).",
+        layer=None, evidence={"first_median": head, "last_median": tail, "growth": tail / head})]
 
-    # ---- depth: first weight layer vs the last one
-    if mat is not None and len(names) >= 3:
-        med = np.median(mat, axis=0)
-        head_n, last = float(med[0]), float(med[-1])
-        if head_n > 0 and last > 0:
-            r = head_n / last
-            per = {n: float(m) for n, m in zip(names, med, strict=True)}
-            if r > th.depth_ratio:
-                out.append(Verdict(
-                    "grad.exploding", int(st[-1]),
-                    f"gradient norms grow by {r:.3g}x from the last layer `{names[-1]}` "
-                    f"({_fmt(last)}) back to the first `{names[0]}` ({_fmt(head_n)}): each "
-                    "layer amplifies the gradient (initialization too large?).",
-                    layer=names[0], evidence={"first_layer_norm": head_n, "last_layer_norm": last, "ratio": r,
-                               "layer_medians": per}))
-            elif r < 1 / th.depth_ratio:
-                out.append(Verdict(
-                    "grad.vanishing", int(st[-1]),
-                    f"the first layer `{names[0]}` gets gradients {1 / r:.3g}x smaller than the "
-                    f"last `{names[-1]}` (median norms {_fmt(head_n)} vs {_fmt(last)}).",
-                    layer=names[0], evidence={"first_layer_norm": head_n, "last_layer_norm": last, "ratio": r,
-                               "layer_medians": per}))
 
-    # ---- update-to-weight ratios
-    ratios = {k: float(v) for k, v in (update_ratios or {}).items() if math.isfinite(float(v))}
+def _depth_verdicts(names: list[str], mat: np.ndarray, step: int,
+                    th: GradThresholds) -> list[Verdict]:
+    """The first weight layer's gradient against the last one's: exploding or vanishing."""
+    med = np.median(mat, axis=0)
+    head_n, last = float(med[0]), float(med[-1])
+    if not (head_n > 0 and last > 0):
+        return []
+    r = head_n / last
+    evidence = {"first_layer_norm": head_n, "last_layer_norm": last, "ratio": r,
+                "layer_medians": {n: float(m) for n, m in zip(names, med, strict=True)}}
+    if r > th.depth_ratio:
+        return [Verdict(
+            "grad.exploding", step,
+            f"gradient norms grow by {r:.3g}x from the last layer `{names[-1]}` "
+            f"({_fmt(last)}) back to the first `{names[0]}` ({_fmt(head_n)}): each "
+            "layer amplifies the gradient (initialization too large?).",
+            layer=names[0], evidence=evidence)]
+    if r < 1 / th.depth_ratio:
+        return [Verdict(
+            "grad.vanishing", step,
+            f"the first layer `{names[0]}` gets gradients {1 / r:.3g}x smaller than the "
+            f"last `{names[-1]}` (median norms {_fmt(head_n)} vs {_fmt(last)}).",
+            layer=names[0], evidence=evidence)]
+    return []
+
+
+def _ratio_verdicts(update_ratios: Mapping[str, float], step: int,
+                    th: GradThresholds) -> list[Verdict]:
+    """``grad.update_ratio`` for layers whose update-to-weight ratio is far from ~1e-3."""
+    out = []
+    ratios = {k: float(v) for k, v in update_ratios.items() if math.isfinite(float(v))}
     low = {k: v for k, v in ratios.items() if v < th.ratio_low}
     high = {k: v for k, v in ratios.items() if v > th.ratio_high}
     for group, word, advice in ((high, "above", "lower the learning rate"),
@@ -351,38 +468,47 @@ def classify_gradients(
             continue
         worst = max(group, key=lambda k: abs(math.log10(max(group[k], 1e-30)) + 3))
         out.append(Verdict(
-            "grad.update_ratio", int(st[-1]),
+            "grad.update_ratio", step,
             f"update-to-weight ratio far {word} ~1e-3 in {len(group)} of {len(ratios)} "
             f"layer(s): `{worst}` {group[worst]:.2g} (median ||dw||/||w|| per step): {advice}.",
             layer=worst, evidence={"ratios": group, "all_ratios": ratios, "direction": word}))
+    return out
 
-    # ---- dead units / layers with zero gradient
-    dead = {k: (int(d), int(u)) for k, (d, u) in (dead_units or {}).items() if u > 0}
+
+def _dead_verdicts(dead_units: Mapping[str, tuple[int, int]], names: list[str],
+                   mat: np.ndarray | None, step: int, n_steps: int,
+                   th: GradThresholds) -> list[Verdict]:
+    """``grad.dead_units`` for layers with units that never got a gradient, or none at all."""
+    dead = {k: (int(d), int(u)) for k, (d, u) in dead_units.items() if u > 0}
     bad = {k: du for k, du in dead.items() if du[0] / du[1] >= th.dead_fraction}
     if mat is not None:
         zero = [n for j, n in enumerate(names) if float(np.max(mat[:, j])) == 0.0]
         for n in zero:
             bad.setdefault(n, dead.get(n, (0, 0)))
-    if bad:
-        worst = max(bad, key=lambda k: bad[k][0] / bad[k][1] if bad[k][1] else 1.0)
-        d, u = bad[worst]
-        what = (f"{d} of {u} units never got a gradient" if u else "its gradient was always 0")
-        out.append(Verdict(
-            "grad.dead_units", int(st[-1]),
-            f"`{worst}`: {what} over {x.size} steps"
-            + (f" (and {len(bad) - 1} more layer(s))" if len(bad) > 1 else "") + ".",
-            layer=worst, evidence={"layers": {k: {"dead": v[0], "units": v[1]} for k, v in bad.items()}}))
-    return out
-
+    if not bad:
+        return []
+    worst = max(bad, key=lambda k: bad[k][0] / bad[k][1] if bad[k][1] else 1.0)
+    d, u = bad[worst]
+    what = (f"{d} of {u} units never got a gradient" if u else "its gradient was always 0")
+    return [Verdict(
+        "grad.dead_units", step,
+        f"`{worst}`: {what} over {n_steps} steps"
+        + (f" (and {len(bad) - 1} more layer(s))" if len(bad) > 1 else "") + ".",
+        layer=worst, evidence={"layers": {k: {"dead": v[0], "units": v[1]} for k, v in bad.items()}})]
 
 __all__ = [
     "GradThresholds",
     "Verdict",
     "alive_units",
     "classify_gradients",
+    "explosion_verdict",
     "grad_norms",
     "jumped_first",
+    "layer_groups",
+    "layer_norms",
     "loss_spike_after",
+    "median_ratios",
+    "module_name",
     "spike_verdict",
     "suggest_clip",
     "update_norms",

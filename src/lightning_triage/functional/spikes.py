@@ -253,6 +253,30 @@ class SpikeWatch:
                 i += 1
         return events
 
+    def update_finite(self, values: Sequence[float] | np.ndarray, steps: Sequence[int]
+                      ) -> list[SpikeEvent]:
+        """Feed only the finite runs of ``values`` (at ``steps``), each run from its own step:
+        the steps a gradient scaler skips (non-finite gradients under fp16) are not events.
+
+        Example:
+            >>> watch = SpikeWatch(warmup=4)
+            >>> watch.update_finite([1.0, float("inf"), 1.1, 0.9], [0, 1, 2, 3])
+            []
+            >>> watch.step
+            4
+        """
+        events: list[SpikeEvent] = []
+        arr = np.asarray(values, dtype=np.float64).reshape(-1)
+        start = None
+        for i in range(arr.size + 1):
+            ok = i < arr.size and bool(np.isfinite(arr[i]))
+            if ok and start is None:
+                start = i
+            elif not ok and start is not None:
+                events += self.update(arr[start:i], start_step=steps[start])
+                start = None
+        return events
+
     def _one(self, value: float) -> list[SpikeEvent]:
         step = self.step
         self.step += 1
