@@ -320,8 +320,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset({
     ("callbacks/_monitor.py", "optim_step_progress"),
     ("callbacks/gradient_monitor.py", "precision_plugin"),
     ("callbacks/loss_curve.py", "lightning.pytorch.utilities.model_helpers"),
-    ("callbacks/nonfinite_tracer.py", "precision_plugin"),
-    ("callbacks/nonfinite_tracer.py", "forward_context"),
     ("callbacks/overfit_batch.py", "lightning.pytorch.utilities.signature_utils"),
     ("callbacks/overfit_batch.py", "precision_plugin"),
     ("callbacks/overfit_batch.py", "train_step_context"),

@@ -12,6 +12,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 
+from lightning_triage.callbacks._compat import forward_context
 from lightning_triage.functional.nonfinite import Localization, float32_state, localize_nonfinite
 from lightning_triage.probing import probe_module, step_loss
 
@@ -63,7 +64,7 @@ def replay_step(trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, 
             stack.enter_context(float32_state(model))
             stack.enter_context(torch.autocast(pl_module.device.type, enabled=False))
         else:
-            stack.enter_context(trainer.precision_plugin.forward_context())
+            stack.enter_context(forward_context(trainer))
         return localize_nonfinite(model, step)
 
 

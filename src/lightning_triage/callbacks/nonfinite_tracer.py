@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_triage.callbacks._compat import grad_scaler
 from lightning_triage.callbacks._monitor import StepCounter, step_counter
 from lightning_triage.callbacks._nonfinite_replay import replay_step
 from lightning_triage.callbacks._step import StepState
@@ -188,7 +189,7 @@ class NonFiniteTracer(TriageCallback):
         device = trainer.strategy.root_device
         self._sync = self.mode == "sync" or (self.mode == "auto" and device.type == "cpu")
         self._reduced = REDUCED_PRECISIONS.get(str(trainer.precision))
-        self._has_scaler = getattr(trainer.precision_plugin, "scaler", None) is not None
+        self._has_scaler = grad_scaler(trainer) is not None
         self._cuda = device if device.type == "cuda" else None
         self._world_size = trainer.world_size
         self.mark_ran(self._describe())
