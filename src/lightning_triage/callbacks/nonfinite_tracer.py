@@ -9,7 +9,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.types import STEP_OUTPUT
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -21,6 +21,7 @@ from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import split_batch
 from lightning_triage.functional.nonfinite import (
     Localization,
+    float_tensors,
     max_abs,
 )
 from lightning_triage.functional.numerics import (
@@ -28,7 +29,6 @@ from lightning_triage.functional.numerics import (
     DeferredFlags,
     Mode,
     OnNonFinite,
-    OutputPeaks,
     deferred_verdict,
     describe_tracer,
     finite_or_none,
@@ -41,6 +41,7 @@ from lightning_triage.functional.numerics import (
     step_healthy,
     validate_tracer_options,
 )
+from lightning_triage.functional.tensors import abs_peak
 from lightning_triage.functional.verdict import Verdict
 
 
@@ -175,7 +176,7 @@ class NonFiniteTracer(TriageCallback):
         self._flags = DeferredFlags()
         self._losses: list[Tensor] = []
         # near-overflow sampling
-        self._peaks: OutputPeaks | None = None
+        self._peaks: list[tuple[str, Tensor]] | None = None
         self._near_reported: set[str] = set()
 
     # ------------------------------------------------------------------ setup
@@ -495,19 +496,33 @@ class NonFiniteTracer(TriageCallback):
 
     # ------------------------------------------------------------------ near overflow
     def _sample_outputs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._peaks = sampler = OutputPeaks()
+        peaks: list[tuple[str, Tensor]] = []
+        self._peaks = peaks
+
+        def make_hook(name: str) -> Any:
+            def hook(mod: nn.Module, args: Any, output: Any) -> None:
+                for t in float_tensors(output):
+                    if t.dtype in (torch.float16, torch.bfloat16):
+                        peak = abs_peak(t)  # None for an empty output (an idle expert)
+                        if peak is not None:
+                            peaks.append((name, peak))
+
+            return self.guard_hook(trainer, "forward hook", hook)
+
         for name, sub in pl_module.named_modules():
             if not isinstance(sub, torch.jit.ScriptModule):  # takes no hooks
-                self.add_handle(sub.register_forward_hook(
-                    self.guard_hook(trainer, "forward hook", sampler.hook(name))))
+                self.add_handle(sub.register_forward_hook(make_hook(name)))
 
     def _read_samples(self, trainer: pl.Trainer) -> None:
-        sampler, self._peaks = self._peaks, None
+        peaks, self._peaks = self._peaks, None
         self.remove_handles()
-        if sampler is not None:
-            self._forward(trainer, near_overflow_verdicts(
-                sampler.read(), self._reduced or torch.float16, self.near_overflow_ratio,
-                step=self._batch_step, reported=self._near_reported))
+        if not peaks:
+            return
+        values = torch.stack([v for _, v in peaks]).tolist()
+        self._forward(trainer, near_overflow_verdicts(
+            [(name, v) for (name, _), v in zip(peaks, values, strict=True)],
+            self._reduced or torch.float16, self.near_overflow_ratio, step=self._batch_step,
+            reported=self._near_reported))
 
     # ------------------------------------------------------------------ state
     @override

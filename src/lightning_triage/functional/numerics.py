@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,12 +24,10 @@ from torch import Tensor, nn
 from lightning_triage.functional.nonfinite import (
     Localization,
     dtype_max,
-    float_tensors,
     max_abs,
     nonfinite_examples,
     tensor_stats,
 )
-from lightning_triage.functional.tensors import abs_peak
 from lightning_triage.functional.verdict import Verdict
 
 OnNonFinite = Literal["stop", "skip", "warn"]
@@ -446,45 +444,6 @@ def step_healthy(total: float | Tensor | None, peak: Tensor | None) -> bool:
         return peak is None or math.isfinite(peak.item())
     return math.isfinite((total if peak is None else total + peak.to(total.device)).item())
 
-
-class OutputPeaks:
-    """Forward hooks that collect the max ``|x|`` of reduced-precision (float16/bfloat16) module
-    outputs, on the device, until :meth:`read`.
-
-    Example:
-        >>> net = nn.Linear(2, 2).to(torch.bfloat16)
-        >>> sampler = OutputPeaks()
-        >>> handle = net.register_forward_hook(sampler.hook("fc"))
-        >>> _ = net(torch.ones(1, 2, dtype=torch.bfloat16))
-        >>> handle.remove()
-        >>> [name for name, _ in sampler.read()]
-        ['fc']
-    """
-
-    def __init__(self) -> None:
-        self.peaks: list[tuple[str, Tensor]] = []
-
-    def hook(self, name: str) -> Callable[[nn.Module, Any, Any], None]:
-        """A forward hook recording the outputs' peaks under ``name``."""
-        peaks = self.peaks
-
-        def hook(mod: nn.Module, args: Any, output: Any) -> None:
-            for t in float_tensors(output):
-                if t.dtype in (torch.float16, torch.bfloat16):
-                    peak = abs_peak(t)  # None for an empty output (an idle expert)
-                    if peak is not None:
-                        peaks.append((name, peak))
-
-        return hook
-
-    def read(self) -> list[tuple[str, float]]:
-        """The ``(module, max |x|)`` pairs recorded (one host read)."""
-        if not self.peaks:
-            return []
-        values = torch.stack([v for _, v in self.peaks]).tolist()
-        return [(name, v) for (name, _), v in zip(self.peaks, values, strict=True)]
-
-
 __all__ = [
     "GRAD",
     "LOSS",
@@ -496,7 +455,6 @@ __all__ = [
     "DeferredRead",
     "Mode",
     "OnNonFinite",
-    "OutputPeaks",
     "deferred_verdict",
     "describe_module",
     "describe_tracer",
