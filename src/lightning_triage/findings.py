@@ -72,7 +72,8 @@ _SPECS: tuple[CodeSpec, ...] = (
           "Check how targets are read and encoded: missing values, a log of zero, a bad join."),
     _spec("data.unnormalized_input", "warning", "Inputs are far from standardized",
           "Standardize float inputs (subtract the mean, divide by the std of the training set) or "
-          "scale pixels to [0, 1]; raw 0-255 or 0-16 values make early layers saturate."),
+          "scale pixels to [0, 1] (`x / 255`; `x / 16` for 0-16 digits); raw 0-255 or 0-16 values make "
+          "early layers saturate."),
     _spec("data.constant_input", "warning", "An input tensor is the same for every example",
           "The model cannot learn from an input that never changes: check the dataset indexing, "
           "the collate function and transforms that may overwrite the input."),
@@ -152,11 +153,12 @@ _SPECS: tuple[CodeSpec, ...] = (
           "An operation mixes the batch dimension in eval mode: a softmax/normalization over "
           "dim 0, a wrong `view`/`reshape`, or a transpose of batch and sequence dimensions."),
     _spec("structure.causal_leak", "error", "Outputs see future positions",
-          "Check the attention mask (upper triangle masked?), its orientation and every "
-          "sublayer that mixes positions (convolutions need left padding)."),
+          "Check the attention masks (upper triangle masked? its orientation? the encoder's too? "
+          "cross-attention to an encoder that saw the whole sequence?) and every sublayer that mixes "
+          "positions (convolutions need left padding)."),
     _spec("structure.shape_mismatch", "error", "Prediction and target shapes broadcast silently",
-          "Make prediction and target shapes equal before the loss (`squeeze(-1)` a `(N, 1)` "
-          "prediction for `(N,)` targets)."),
+          "Make prediction and target shapes equal before the loss (`pred.squeeze(-1)` a `(N, 1)` "
+          "prediction for `(N,)` targets, or `target.view_as(pred)`)."),
     _spec("structure.target_leak", "error", "The targets reach the forward pass",
           "The model's outputs change when only the targets change: feed the decoder the "
           "targets shifted right, and keep labels out of the features."),

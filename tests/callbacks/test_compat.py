@@ -313,23 +313,12 @@ INTERNAL_NAMES = frozenset({
 #: (file, name) pairs still to replace with `_compat` functions in files other helpers were
 #: refactoring when `_compat.py` was written. Empty it as they are replaced; a stale entry fails.
 ALLOWED: frozenset[tuple[str, str]] = frozenset({
-    ("callbacks/_monitor.py", "fit_loop"),
-    ("callbacks/_monitor.py", "epoch_loop"),
-    ("callbacks/_monitor.py", "optim_progress"),
-    ("callbacks/_monitor.py", "manual_optimization"),
-    ("callbacks/_monitor.py", "optim_step_progress"),
-    ("callbacks/gradient_monitor.py", "precision_plugin"),
-    ("callbacks/loss_curve.py", "lightning.pytorch.utilities.model_helpers"),
     ("callbacks/overfit_batch.py", "lightning.pytorch.utilities.signature_utils"),
     ("callbacks/overfit_batch.py", "precision_plugin"),
     ("callbacks/overfit_batch.py", "train_step_context"),
     ("callbacks/overfit_batch.py", "_update_count"),
     ("callbacks/overfit_batch.py", "_computed"),
     ("callbacks/overfit_batch.py", "_forward_cache"),
-    ("probing.py", "_trainer"),
-    ("probing.py", "_fabric"),
-    ("probing.py", "precision_plugin"),
-    ("probing.py", "train_step_context"),
 })
 
 

@@ -43,7 +43,7 @@ def _force(mode: str, monkeypatch: pytest.MonkeyPatch, holder: dict[str, nn.Modu
     """Rule the copy out ("in_place"): free memory reported as 3x the module's bytes, which
     fits a snapshot (1x) but not a copy (2x for the structure probe, 4x for the overfit probe)."""
     if mode == "in_place":
-        monkeypatch.setattr(probing, "free_bytes",
+        monkeypatch.setattr(probing.isolation, "free_bytes",
                             lambda device: 3 * probing.module_bytes(holder["model"]))
 
 
@@ -527,14 +527,14 @@ def test_snapshot_attempts_every_restore_step(monkeypatch: pytest.MonkeyPatch) -
     net = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
     net.register_buffer("bank", torch.zeros(2))
     before = net[0].weight.clone()
-    real = probing._put_tensor
+    real = probing.snapshot._put_tensor
 
     def failing(obj: Tensor, data: Tensor) -> Tensor:
         if data.shape == (2,):
             raise RuntimeError("cannot restore the bank")
         return real(obj, data)
 
-    monkeypatch.setattr(probing, "_put_tensor", failing)
+    monkeypatch.setattr(probing.snapshot, "_put_tensor", failing)
     state = torch.get_rng_state()
     def probe() -> None:
         with probing.isolated(net):
@@ -602,7 +602,7 @@ def test_in_place_probe_suspends_our_hooks(monkeypatch: pytest.MonkeyPatch) -> N
     net.register_forward_hook(ours)
     net.register_forward_hook(theirs)
     net.weight.register_post_accumulate_grad_hook(ours)
-    monkeypatch.setattr(probing, "free_bytes", lambda device: 3 * probing.module_bytes(net))
+    monkeypatch.setattr(probing.isolation, "free_bytes", lambda device: 3 * probing.module_bytes(net))
     with probing.probe_module(None, net) as probe:
         assert probe.module is net and probe.how.startswith("in place")
         net(torch.ones(2, 3)).sum().backward()
@@ -648,7 +648,7 @@ def test_nan_replay_leaves_user_state_alone(tmp_path: Path) -> None:
 
 def test_probes_skip_when_neither_copy_nor_snapshot_fits(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(probing, "free_bytes", lambda device: 1024)  # 1 KiB free
+    monkeypatch.setattr(probing.isolation, "free_bytes", lambda device: 1024)  # 1 KiB free
     _, _, triage = _compare(tmp_path, Net, blob_loader)
     skipped = {f.code: f.message for f in _findings(triage)
                if f.code in ("overfit.skipped", "structure.probe_skipped")}

@@ -4,10 +4,12 @@ cadence (values stay on the device and move to the host in chunks), logging to t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_triage.callbacks._compat import StepCounter as StepCounter  # re-exported
+from lightning_triage.callbacks._compat import step_counter as step_counter  # re-exported
 from lightning_triage.findings import Finding
 
 
@@ -62,43 +64,6 @@ class WindowMixin:
             return True
         epochs_done = trainer.current_epoch + (1 if epoch_done else 0)
         return steps_seen >= self.window_steps and epochs_done >= self.window_epochs
-
-
-class StepCounter(Protocol):
-    """Anything whose ``completed`` is the trainer's ``global_step``."""
-
-    @property
-    def completed(self) -> int: ...
-
-
-class _GlobalStep:
-    def __init__(self, trainer: pl.Trainer) -> None:
-        self._trainer = trainer
-
-    @property
-    def completed(self) -> int:
-        return self._trainer.global_step
-
-
-def step_counter(trainer: pl.Trainer) -> StepCounter:
-    """``trainer.global_step`` for a per-step hook, read in one attribute access.
-
-    ``trainer.global_step`` is a chain of five properties, a cost that every training step pays
-    for every read; this returns the progress counter that the chain ends at (checked against it
-    now), or an object that reads the property where Lightning's loops differ. Resolve it again
-    each epoch.
-    """
-    try:
-        loop = trainer.fit_loop.epoch_loop
-        module = trainer.lightning_module
-        counter = (loop.automatic_optimization.optim_progress.optimizer.step.total
-                   if module is None or module.automatic_optimization
-                   else loop.manual_optimization.optim_step_progress.total)
-        if isinstance(counter.completed, int) and counter.completed == trainer.global_step:
-            return counter
-    except AttributeError:
-        pass
-    return _GlobalStep(trainer)
 
 
 def log_to_loggers(trainer: pl.Trainer, metrics: Mapping[str, float], step: int) -> None:

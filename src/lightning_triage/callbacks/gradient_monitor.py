@@ -19,13 +19,12 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_triage.callbacks._compat import StepCounter, fp16_amp, step_counter
 from lightning_triage.callbacks._monitor import (
-    StepCounter,
     WindowMixin,
     log_finding,
     log_to_loggers,
     scalar,
-    step_counter,
     validate_window,
 )
 from lightning_triage.callbacks._step import RowBuffer, StepState
@@ -52,7 +51,6 @@ from lightning_triage.functional.verdict import Verdict
 
 OnSpike = Literal["warn", "skip"]
 _UNIT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_FP16_AMP = ("16-mixed", "16", "16-mixed-amp")
 
 
 _MAX_LAYER_ROWS = 128  # columns (steps) of the report's per-layer heatmap
@@ -202,9 +200,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             self._params, self._names, self._weight_idx, self._unit_idx = [], [], [], []
             self._buf, self._loss_from, self._need_loss = None, 0, False
             # fp16 mixed precision with a gradient scaler: the scaler skips non-finite steps
-            scaler = getattr(trainer.precision_plugin, "scaler", None)
-            self._amp_fp16 = scaler is not None or (
-                str(trainer.precision) in _FP16_AMP and trainer.strategy.root_device.type == "cuda")
+            self._amp_fp16 = fp16_amp(trainer)
 
     def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         owners = {}

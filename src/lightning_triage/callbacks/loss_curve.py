@@ -10,18 +10,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_triage.callbacks._compat import StepCounter, is_overridden, step_counter
 from lightning_triage.callbacks._monitor import (
-    StepCounter,
     WindowMixin,
     log_finding,
     log_to_loggers,
     scalar,
-    step_counter,
     validate_window,
 )
 from lightning_triage.callbacks._step import RowBuffer, StepState

@@ -10,11 +10,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from typing_extensions import override
 
-from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.callbacks.structure_probe import ForwardFn
+from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
+from lightning_triage.callbacks.base import guarded
+from lightning_triage.functional import structure_rules as rules
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
 from lightning_triage.functional.padding import (
@@ -28,15 +29,13 @@ from lightning_triage.functional.padding import (
 from lightning_triage.probing import (
     ProbeUnavailableError,
     UserCodeError,
-    copy_first_examples,
     eval_copy,
     rng_state,
-    run_user_step,
     set_rng_state,
 )
 
 
-class PaddingProbe(TriageCallback):
+class PaddingProbe(ProbeCallback):
     """Probe, once, whether the outputs at the real positions of a padded batch depend on the
     padding (``structure.padding_leak``).
 
@@ -157,10 +156,7 @@ class PaddingProbe(TriageCallback):
             why = (f"the model raised {err.describe()} when run on a perturbed copy of the first "
                    "batch" if isinstance(err, UserCodeError) else str(err))
             self.results["skipped"] = why
-            self.add_finding(trainer, "structure.probe_skipped",
-                             f"The padding probe did not run to the end: {why}. Pass "
-                             "`forward_fn=` or `padding_mask_key=`.",
-                             evidence={"reason": why, "part": "padding probe"}, global_step=0)
+            self._forward(trainer, rules.padding_unfinished(why))
             self.mark_ran(f"skipped: {why}")
         finally:
             seconds = time.perf_counter() - start
@@ -184,10 +180,6 @@ class PaddingProbe(TriageCallback):
             return False, mask, ()
         assert x is not None
         return True, None, (copied, x, y, mask)
-
-    def _copy(self, batch: Any) -> Any:
-        """A copy of ``batch`` with at most ``max_examples`` examples (tensors cloned)."""
-        return copy_first_examples(batch, self.max_examples, self.input_key, self.target_key)
 
     def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, x: Tensor,
                y: Tensor | None, mask: PaddingMask) -> None:
@@ -238,58 +230,25 @@ class PaddingProbe(TriageCallback):
                    if status == "no_head" else
                    f"the head output {tuple(result.get('shape', []))} is neither per position "
                    f"(dim 1 = {x.shape[1]}) nor pooled `(N, C)`")
-            self.add_finding(trainer, "structure.probe_skipped",
-                             f"The padding probe could not compare outputs: {why}. Pass "
-                             "`forward_fn=` returning the model's per-position or pooled output.",
-                             evidence={"reason": why, "part": "padding probe"}, global_step=0)
+            self._forward(trainer, rules.padding_unaligned(why))
             self.mark_ran(f"skipped: {why}")
             return
         if status == "skipped":
             self.mark_ran("skipped: another rank could not run the probe's passes")
             return
         if status == "nondeterministic":
-            why = (f"the model gave different outputs for the same batch twice in eval mode "
-                   f"(relative difference {result['noise']:.3g}) with every RNG reset")
-            self.add_finding(trainer, "structure.probe_skipped",
-                             f"The padding probe did not run: {why}; a perturbation could not be "
-                             "told from the noise.",
-                             evidence={"reason": why, "part": "padding probe",
-                                       "noise": result["noise"]}, global_step=0)
+            why, verdict = rules.padding_nondeterministic(result["noise"])
+            self._forward(trainer, verdict)
             self.mark_ran(f"skipped: {why}")
             return
         leaks = result["leaks"]
         if not leaks:
             self.mark_ran(f"{base}: no leak (head `{self._label(pl_module, result['head'])}`)")
             return
-        parts = []
-        for leak in leaks:
-            what = ("other token ids at the padded positions" if leak.perturbation == "content"
-                    else "more padded positions")
-            where = "at the real positions" if leak.change.compared == "positions" else "(pooled)"
-            parts.append(f"{what} moved it {where} by up to {leak.change.max_abs_diff:.3g} "
-                         f"({100 * leak.change.relative_diff:.3g}% of its largest value)")
         first = next((leak.first_module for leak in leaks if leak.first_module is not None), None)
-        label = self._label(pl_module, first)
-        where_msg = (f" The first module whose output at the real positions moved is `{label}`."
-                     if first else "")
-        self.add_finding(
-            trainer, "structure.padding_leak",
-            f"The output of `{self._label(pl_module, result['head'])}` depends on the padding "
-            f"(mask {mask.source}): {'; '.join(parts)}.{where_msg} Pass the padding mask to "
-            "attention (`key_padding_mask`), pool over the real positions only (masked mean) "
-            "and keep padded positions out of the loss (`ignore_index`).",
-            layer=self._layer(first),
-            evidence={"mask": mask.source, "side": mask.side, "first_module": first,
-                      "head": result["head"],
-                      "perturbations": [
-                          {"perturbation": leak.perturbation, "compared": leak.change.compared,
-                           "max_abs_diff": leak.change.max_abs_diff,
-                           "relative_diff": leak.change.relative_diff,
-                           "first_module": leak.first_module} for leak in leaks],
-                      "noise": result["noise"], "batch_shape": list(x.shape[:2]),
-                      "padded_positions": int(mask.pad.sum())},
-            global_step=0,
-        )
+        self._forward(trainer, rules.padding_leak(
+            self._label(pl_module, result["head"]), self._label(pl_module, first), result["head"],
+            mask, leaks, result["noise"], list(x.shape[:2])))
         self.mark_ran(f"{base}: leak ({', '.join(leak.perturbation for leak in leaks)})")
 
     @staticmethod
@@ -297,14 +256,6 @@ class PaddingProbe(TriageCallback):
         if not name:
             return type(pl_module).__name__
         return name
-
-    @staticmethod
-    def _layer(name: str | None) -> str | None:
-        return name or None
-
-    def _run(self, trainer: pl.Trainer, module: nn.Module, batch: Any) -> Any:
-        self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
-        return run_user_step(trainer, module, batch, self.forward_fn)
 
     # ------------------------------------------------------------------ state
     @override

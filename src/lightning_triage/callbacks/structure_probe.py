@@ -5,30 +5,28 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor, nn
-from torch.nn.modules.loss import _Loss
+from torch import Tensor
 from typing_extensions import override
 
-from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
+from lightning_triage.callbacks.base import guarded
+from lightning_triage.functional import structure_rules as rules
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
-from lightning_triage.functional.hooks import first_float_tensor
 from lightning_triage.functional.structure import (
     DEFAULT_TOLERANCE,
     LossWatch,
     aligned_start,
-    broadcast_mismatch,
     example_dependence,
-    is_next_token,
     output_change,
     pairwise_output,
-    parse_size_warning,
     position_dependence,
     probe_positions,
     redraw_targets,
@@ -39,190 +37,31 @@ from lightning_triage.probing import (
     ProbeUnavailableError,
     RngState,
     UserCodeError,
-    copy_first_examples,
     eval_copy,
     rng_state,
-    run_user_step,
+)
+from lightning_triage.probing.recording import (
+    LeafPlan,
+    ModuleRecorder,
+    plan_leaf,
+    replace_input,
+    replace_output,
 )
 
-ForwardFn = Callable[[pl.LightningModule, Any], Any]
 
-#: Shape-trace entries kept for the report (the rest are counted).
-MAX_TRACE = 256
-#: Module outputs examined (one backward pass each, at most) to name the first culprit.
-MAX_LOCALIZE = 128
+@dataclass
+class _GradientRun:
+    """The gradient pass: its recorder, the leaf, the head output and the time left."""
 
-
-def _is_metric(module: nn.Module) -> bool:
-    return any(cls.__module__.startswith("torchmetrics") for cls in type(module).__mro__)
-
-
-def _describe(value: Any) -> list[dict[str, Any]]:
-    """Shapes and dtypes of the tensors in a call's arguments or output (top level, lists)."""
-    found: list[Tensor] = []
-
-    def visit(v: Any, depth: int = 0) -> None:
-        if isinstance(v, Tensor):
-            found.append(v)
-        elif depth < 2 and isinstance(v, (list, tuple)):
-            for item in v:
-                visit(item, depth + 1)
-        elif depth < 2 and isinstance(v, Mapping):
-            for item in v.values():
-                visit(item, depth + 1)
-
-    visit(value)
-    return [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")} for t in found[:4]]
+    rec: ModuleRecorder
+    leaf: Tensor
+    head_name: str | None
+    head: Tensor
+    probe_input: str
+    deadline: float
 
 
-def _tensors(args: Any, kwargs: Mapping[str, Any]) -> list[Tensor]:
-    out: list[Tensor] = []
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            out.extend(t for t in v if isinstance(t, Tensor))
-    return out
-
-
-class _Recorder:
-    """Temporary forward hooks on every submodule for one run of the user's code: the shape
-    trace, the model's head output (the last module call that returns a per-example floating
-    tensor and is not a loss or metric), the first leaf module that embeds the integer inputs,
-    and the first module called on a per-example floating tensor."""
-
-    def __init__(self, n: int, inputs: Tensor, targets: Tensor | None, *, trace: bool,
-                 keep_graph: bool) -> None:
-        self.n = n
-        self.inputs = inputs
-        self.targets = targets
-        self.trace_on = trace
-        self.keep_graph = keep_graph
-        self.trace: list[dict[str, Any]] = []
-        self.calls = 0
-        self.head_name: str | None = None
-        self.head: Tensor | None = None
-        self.embedding: str | None = None
-        self.first_float_input: str | None = None
-        #: per-example outputs in completion order (graph kept), to localize a problem
-        self.outputs: list[tuple[str, Tensor]] = []
-
-    def pre_hook(self, name: str) -> Any:
-        def fn(mod: nn.Module, args: Any, kwargs: Any) -> None:
-            if self.first_float_input is not None:
-                return
-            first = _first_tensor_arg(args, kwargs)
-            if (first is not None and first.is_floating_point() and first.dim() >= 1
-                    and first.shape[0] == self.n and not same_storage(first, self.targets)):
-                self.first_float_input = name
-
-        return fn
-
-    def hook(self, name: str, module: nn.Module) -> Any:
-        has_params = any(True for _ in module.parameters())
-        is_leaf = not any(True for _ in module.children())
-        loss_like = isinstance(module, _Loss) or _is_metric(module)
-
-        def fn(mod: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-            self.calls += 1
-            if self.trace_on and len(self.trace) < MAX_TRACE:
-                self.trace.append({"module": name or "<root>", "type": type(mod).__name__,
-                                   "inputs": _describe((args, kwargs)), "outputs": _describe(output)})
-            tensors = _tensors(args, kwargs)
-            takes_targets = self.targets is not None and any(
-                same_storage(t, self.targets) for t in tensors)
-            takes_inputs = any(same_storage(t, self.inputs) for t in tensors)
-            out = first_float_tensor(output)
-            if out is None:
-                return
-            if (self.embedding is None and is_leaf and takes_inputs
-                    and not self.inputs.is_floating_point()
-                    and out.shape[: self.inputs.dim()] == self.inputs.shape):
-                self.embedding = name
-            if loss_like or (takes_targets and not has_params):
-                return
-            if self.keep_graph and not out.requires_grad:
-                return  # e.g. a teacher/EMA model run under `no_grad`: not what is trained
-            if out.dim() >= 1 and out.numel() > 1 and out.shape[0] == self.n:
-                self.head_name = name
-                self.head = out if self.keep_graph else out.detach().clone()
-                if self.keep_graph and len(self.outputs) < MAX_LOCALIZE:
-                    self.outputs.append((name, out))
-
-        return fn
-
-    @contextmanager
-    def attached(self, module: nn.Module) -> Iterator[_Recorder]:
-        handles = []
-        try:
-            for name, sub in module.named_modules():
-                try:
-                    handles.append(sub.register_forward_hook(self.hook(name, sub),
-                                                             with_kwargs=True))
-                    handles.append(sub.register_forward_pre_hook(self.pre_hook(name),
-                                                                 with_kwargs=True))
-                except RuntimeError:  # a ScriptModule takes no hooks: it is not traced
-                    continue
-            yield self
-        finally:
-            for handle in handles:
-                handle.remove()
-
-
-def _first_tensor_arg(args: Any, kwargs: Mapping[str, Any]) -> Tensor | None:
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, Tensor):
-            return v
-    return None
-
-
-@contextmanager
-def _replace_input(module: nn.Module, holder: dict[str, Tensor]) -> Iterator[None]:
-    """Replace the first tensor argument of ``module``'s first call by a leaf tensor that
-    requires grad (kept in ``holder["leaf"]``): what the model receives, after any mixing the
-    training step does on purpose (mixup)."""
-
-    def hook(mod: nn.Module, args: Any, kwargs: Any) -> Any:
-        if "leaf" in holder:
-            return None
-        for i, v in enumerate(args):
-            if isinstance(v, Tensor):
-                holder["leaf"] = v.detach().clone().requires_grad_(True)
-                return (*args[:i], holder["leaf"], *args[i + 1:]), kwargs
-        for key, v in kwargs.items():
-            if isinstance(v, Tensor):
-                holder["leaf"] = v.detach().clone().requires_grad_(True)
-                return args, {**kwargs, key: holder["leaf"]}
-        return None
-
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-@contextmanager
-def _replace_output(module: nn.Module, inputs: Tensor, holder: dict[str, Tensor]) -> Iterator[None]:
-    """Replace the output of ``module``'s (first) call on ``inputs`` by a leaf tensor that
-    requires grad (kept in ``holder["leaf"]``): the probe then differentiates w.r.t. it."""
-
-    def hook(mod: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
-        if "leaf" in holder or not isinstance(output, Tensor):
-            return None
-        if not any(same_storage(t, inputs) for t in _tensors(args, kwargs)):
-            return None
-        holder["leaf"] = output.detach().clone().requires_grad_(True)
-        return holder["leaf"]
-
-    handle = module.register_forward_hook(hook, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-class StructureProbe(TriageCallback):
+class StructureProbe(ProbeCallback):
     """Probe the model's structure once, on a copy of the first training batch.
 
     At the first training batch the probe runs the user's ``training_step`` (or ``forward_fn``)
@@ -360,15 +199,6 @@ class StructureProbe(TriageCallback):
             self.detail = f"{self.detail}; cost {1000 * self.probe_seconds:.0f} ms"
 
     # ------------------------------------------------------------------ probe
-    def _copy(self, batch: Any) -> Any:
-        """A copy of ``batch`` with at most ``max_examples`` examples (tensors cloned)."""
-        return copy_first_examples(batch, self.max_examples, self.input_key, self.target_key)
-
-    def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
-        """The user's code on a batch, in the run's precision context (as the real step)."""
-        self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
-        return run_user_step(trainer, pl_module, batch, self.forward_fn)
-
     @contextmanager
     def _model(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Iterator[Any]:
         """A fresh deep copy of the module for one pass (or the live module under a snapshot
@@ -396,9 +226,7 @@ class StructureProbe(TriageCallback):
 
     def _skipped(self, trainer: pl.Trainer, why: str, what: str, part: str = "") -> None:
         """Report (info) that the whole probe, or one ``part`` of it, could not run."""
-        self.add_finding(trainer, "structure.probe_skipped",
-                         f"The {part or 'structure probe'} did not run: {why}. {what}",
-                         evidence={"reason": why, "part": part or "all"}, global_step=0)
+        self._forward(trainer, rules.probe_skipped(why, what, part))
         if not part:
             self.results["skipped"] = why
             self.mark_ran(f"skipped: {why}")
@@ -424,7 +252,7 @@ class StructureProbe(TriageCallback):
         self._rng = rng_state()
         with torch.enable_grad():
             # pass 1: as is (trace, warnings, broadcasting)
-            rec_a = _Recorder(n, x, y, trace=True, keep_graph=False)
+            rec_a = ModuleRecorder(n, x, y, trace=True, keep_graph=False)
             watch = LossWatch(y) if y is not None else None
             with self._model(trainer, pl_module) as model, \
                     warnings.catch_warnings(record=True) as caught, rec_a.attached(model):
@@ -488,44 +316,19 @@ class StructureProbe(TriageCallback):
     def _layer(name: str | None) -> str | None:
         return None if name in (None, "", "<forward_fn>") else name
 
-    def _head(self, rec: _Recorder, output: Any, n: int) -> tuple[str | None, Tensor | None]:
-        if self.forward_fn is not None:
-            out = first_float_tensor(output)
-            if out is not None and out.dim() >= 1 and out.shape[0] == n:
-                return "<forward_fn>", out if rec.keep_graph else out.detach().clone()
-        return rec.head_name, rec.head
+    def _head(self, rec: ModuleRecorder, output: Any, n: int) -> tuple[str | None, Tensor | None]:
+        return rec.head_of(output if self.forward_fn is not None else None, n)
 
     # ------------------------------------------------------------------ shapes
     def _check_shapes(self, trainer: pl.Trainer, watch: LossWatch | None,
                       caught: list[warnings.WarningMessage], head_name: str | None) -> None:
-        framework: list[dict[str, Any]] = []
-        for w in caught:
-            parsed = parse_size_warning(str(w.message))
-            if parsed is not None and broadcast_mismatch(*parsed) is not None:
-                framework.append({"message": str(w.message), "input_shape": parsed[0],
-                                  "target_shape": parsed[1], "category": w.category.__name__})
+        framework = rules.framework_broadcasts([(str(w.message), w.category.__name__)
+                                                for w in caught])
         events = [vars(e) for e in watch.events] if watch is not None else []
-        if not events and not framework:
-            self.results["shape"] = "ok"
-            return
-        first: dict[str, Any] = events[0] if events else {
-            "op": "loss", "prediction_shape": framework[0]["input_shape"],
-            "target_shape": framework[0]["target_shape"],
-            "result_shape": broadcast_mismatch(framework[0]["input_shape"],
-                                               framework[0]["target_shape"])}
-        self.results["shape"] = "mismatch"
-        pred, tgt, res = first["prediction_shape"], first["target_shape"], first["result_shape"]
-        self.add_finding(
-            trainer, "structure.shape_mismatch",
-            f"`{first['op']}` combines predictions of shape {tuple(pred)} with targets of shape "
-            f"{tuple(tgt)}, which broadcast silently to {tuple(res)}: every prediction is compared "
-            f"with every target. Make the shapes equal before the loss (e.g. `pred.squeeze(-1)` "
-            f"or `target.view_as(pred)`).",
-            evidence={"prediction_shape": pred, "target_shape": tgt, "broadcast_shape": res,
-                      "op": first["op"], "operations": events, "framework_warnings": framework,
-                      "head_module": head_name},
-            global_step=0,
-        )
+        verdict = rules.shape_mismatch(events, framework, head_name)
+        self.results["shape"] = "ok" if verdict is None else "mismatch"
+        if verdict is not None:
+            self._forward(trainer, verdict)
 
     # ------------------------------------------------------------------ target leak
     def _check_target_leak(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
@@ -547,7 +350,7 @@ class StructureProbe(TriageCallback):
             return 0
         # same state and randomness as pass 1 (a fresh copy, every RNG reset): only the targets
         # differ
-        rec_b = _Recorder(head_a.shape[0], x_b, new_y, trace=False, keep_graph=False)
+        rec_b = ModuleRecorder(head_a.shape[0], x_b, new_y, trace=False, keep_graph=False)
         with self._model(trainer, pl_module) as model, rec_b.attached(model), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -570,7 +373,7 @@ class StructureProbe(TriageCallback):
         # is stochastic or stateful beyond what the probe resets, and proves no leak
         x_a = split_batch(copy_a, self.input_key, self.target_key).inputs
         assert x_a is not None
-        rec_c = _Recorder(head_a.shape[0], x_a, y, trace=False, keep_graph=False)
+        rec_c = ModuleRecorder(head_a.shape[0], x_a, y, trace=False, keep_graph=False)
         with self._model(trainer, pl_module) as model, rec_c.attached(model), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -588,71 +391,46 @@ class StructureProbe(TriageCallback):
             self._skipped(trainer, why, "Make the forward deterministic in eval mode (or pass "
                           "`forward_fn=`) to probe for a target leak.", part="target-leak probe")
             return 2
-        where = ("at the first output position, which teacher forcing only feeds the tokens "
-                 f"before target position {start}" if start is not None else "")
-        self.add_finding(
-            trainer, "structure.target_leak",
-            f"The output of `{self._label(pl_module, head_name)}` changed when only the targets "
-            f"changed ({redrawn}, inputs unchanged){' ' + where if where else ''}: max |diff| "
-            f"{change.max_abs_diff:.4g} ({change.relative_diff:.3g} of its scale), "
-            f"{100 * change.fraction_changed:.0f}% of the compared values changed. The targets "
-            "reach the forward pass: feed the decoder the targets shifted right and keep labels "
-            "out of the features (expected only for label-conditioned models).",
-            layer=self._layer(head_name),
-            evidence={"module": head_name, "compared": change.compared,
-                      "max_abs_diff": change.max_abs_diff, "relative_diff": change.relative_diff,
-                      "fraction_changed": change.fraction_changed, "replacement": redrawn,
-                      "output_shape": change.shape_before, "output_shape_after": change.shape_after,
-                      "target_shape": list(y.shape)},
-            global_step=0,
-        )
+        self._forward(trainer, rules.target_leak(
+            self._label(pl_module, head_name), head_name, self._layer(head_name), change, redrawn,
+            start, list(y.shape)))
         return 2
 
     # ------------------------------------------------------------------ gradients
-    def _causal_reason(self, x: Tensor, y: Tensor | None) -> str | None:
-        if self.causal is True:
-            return "`causal=True`"
-        if self.causal is None and is_next_token(x, y, self.ignore_index):
-            assert y is not None
-            return (f"next-token data: targets[:, :-1] == inputs[:, 1:] on the probed batch "
-                    f"({y.shape[0]} sequences of {y.shape[1]} tokens), so the model must be causal")
-        return None
-
     def _check_gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
-                         x: Tensor, y: Tensor | None, rec_a: _Recorder) -> int:
+                         x: Tensor, y: Tensor | None, rec_a: ModuleRecorder) -> int:
         with self._model(trainer, pl_module) as model:
             return self._gradients(trainer, model, copy_a, x, y, rec_a)
 
-    def _gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
-                   x: Tensor, y: Tensor | None, rec_a: _Recorder) -> int:
-        """Pass 3, on ``pl_module``: a fresh copy of the user's module."""
-        reason = self._causal_reason(x, y)
-        deadline = time.perf_counter() + self.time_budget / 3  # for localizing a problem
+    def _gradient_pass(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                       choice: LeafPlan, x_g: Tensor, y_g: Tensor | None,
+                       n: int) -> tuple[ModuleRecorder, LossWatch | None, Any, Tensor | None]:
+        """Run the user's code with ``choice`` made a leaf: ``(recorder, loss watch, output,
+        leaf)``."""
         holder: dict[str, Tensor] = {}
-        replace_in: nn.Module | None = None
-        replace: nn.Module | None = None
-        leaf: Tensor | None = None
-        copy_g = copy_a
-        if x.is_floating_point() and rec_a.first_float_input is not None:
-            name = rec_a.first_float_input
-            probe_input = (f"the input of `{self._label(pl_module, name)}` (the first module "
-                           "called on the batch)")
-            replace_in = pl_module.get_submodule(name)
-        elif x.is_floating_point():
-            leaf = x.detach().clone().requires_grad_(True)
-            copy_g = replace_tensor(copy_a, x, leaf)
-            probe_input = "the batch's input tensor"
-        elif rec_a.embedding is not None:
-            name = rec_a.embedding
-            probe_input = (f"the output of `{self._label(pl_module, name)}` (it embeds the "
-                           "integer inputs)")
-            replace = pl_module.get_submodule(name)
-        elif rec_a.first_float_input is not None:  # integer inputs made floats by code (one_hot)
-            name = rec_a.first_float_input
-            probe_input = (f"the input of `{self._label(pl_module, name)}` (the first module "
-                           "called on floats)")
-            replace_in = pl_module.get_submodule(name)
-        else:
+        rec_g = ModuleRecorder(n, x_g, y_g, trace=False, keep_graph=True)
+        watch = LossWatch(y_g) if y_g is not None else None
+        with warnings.catch_warnings(), ExitStack() as stack:
+            warnings.simplefilter("ignore")
+            if choice.replace_out is not None:
+                stack.enter_context(replace_output(choice.replace_out, x_g, holder))
+            if choice.replace_in is not None:
+                stack.enter_context(replace_input(choice.replace_in, holder))
+            stack.enter_context(rec_g.attached(pl_module))
+            if watch is not None:
+                stack.enter_context(watch)
+            out_g = self._run(trainer, pl_module, choice.batch)
+        if choice.leaf is None:
+            return rec_g, watch, out_g, holder.get("leaf")
+        return rec_g, watch, out_g, choice.leaf
+
+    def _gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
+                   x: Tensor, y: Tensor | None, rec_a: ModuleRecorder) -> int:
+        """Pass 3, on ``pl_module``: a fresh copy of the user's module."""
+        reason = rules.causal_reason(self.causal, x, y, self.ignore_index)
+        deadline = time.perf_counter() + self.time_budget / 3  # for localizing a problem
+        choice = plan_leaf(pl_module, copy_a, x, rec_a)
+        if choice is None:
             why = ("integer inputs and no module takes them to a floating output (e.g. an "
                    "embedding) or is called on floats")
             self.results["batch_mixing"] = f"skipped: {why}"
@@ -662,37 +440,33 @@ class StructureProbe(TriageCallback):
                               "inputs, or embed the tokens with an `nn.Embedding` module.",
                               part=f"causal probe ({reason})")
             return 0
-        x_g, y_g = split_batch(copy_g, self.input_key, self.target_key)
-        if x_g is None or (leaf is not None and x_g is not leaf):
+        x_g, y_g = split_batch(choice.batch, self.input_key, self.target_key)
+        if x_g is None or (choice.leaf is not None and x_g is not choice.leaf):
             self.results["batch_mixing"] = ("skipped: the inputs could not be replaced in this "
                                             f"batch type ({type(copy_a).__name__})")
             return 0
         if not self._gate(trainer, 2, True):
             self.results["batch_mixing"] = "skipped: another rank could not run it"
             return 0
-        rec_g = _Recorder(x.shape[0], x_g, y_g, trace=False, keep_graph=True)
-        watch = LossWatch(y_g) if y_g is not None else None
-        with warnings.catch_warnings(), ExitStack() as stack:
-            warnings.simplefilter("ignore")
-            if replace is not None:
-                stack.enter_context(_replace_output(replace, x_g, holder))
-            if replace_in is not None:
-                stack.enter_context(_replace_input(replace_in, holder))
-            stack.enter_context(rec_g.attached(pl_module))
-            if watch is not None:
-                stack.enter_context(watch)
-            out_g = self._run(trainer, pl_module, copy_g)
-        if replace is not None or replace_in is not None:
-            leaf = holder.get("leaf")
+        rec_g, watch, out_g, leaf = self._gradient_pass(trainer, pl_module, choice, x_g, y_g,
+                                                        x.shape[0])
         head_name, head = self._head(rec_g, out_g, x.shape[0])
         if leaf is None or head is None or not head.requires_grad:
             self.results["batch_mixing"] = "skipped: the head output does not depend on the inputs"
             return 1
-        self.results["probe_input"] = probe_input
-        causal_ok = (reason is not None and head.dim() >= 2 and leaf.dim() >= 2
-                     and head.shape[1] == leaf.shape[1] >= 2)
-        positions = probe_positions(leaf.shape[1]) if causal_ok else []
-        outputs = [(f"the output of `{self._label(pl_module, head_name)}`", head_name, head)]
+        self.results["probe_input"] = choice.description
+        run = _GradientRun(rec_g, leaf, head_name, head, choice.description, deadline)
+        self._batch_mixing(trainer, pl_module, run, watch)
+        if reason is not None:
+            self._causal(trainer, pl_module, run, reason)
+        return 1
+
+    def _batch_mixing(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                      run: _GradientRun, watch: LossWatch | None) -> None:
+        """Does example 0's output (the head's, and the prediction given to the loss) depend on
+        the other examples' inputs?"""
+        leaf, head = run.leaf, run.head
+        outputs = [(f"the output of `{self._label(pl_module, run.head_name)}`", run.head_name, head)]
         if watch is not None:
             for fn_name, pred in watch.loss_inputs[:1]:
                 if (pred is not head and pred.requires_grad and pred.dim() >= 1
@@ -700,9 +474,9 @@ class StructureProbe(TriageCallback):
                     outputs.append((f"the prediction given to `{fn_name}`", None, pred))
         if leaf.shape[0] < 2:
             self.results["batch_mixing"] = "skipped: a single example"
-        else:
-            self.results["batch_mixing"] = "ok"
-        for label, out_name, out in outputs if leaf.shape[0] >= 2 else []:
+            return
+        self.results["batch_mixing"] = "ok"
+        for label, out_name, out in outputs:
             mix = example_dependence(out, leaf, example=0, tolerance=self.tolerance,
                                      retain_graph=True)  # freed with the probe's references
             if not mix.mixing:
@@ -711,7 +485,7 @@ class StructureProbe(TriageCallback):
                                retain_graph=True):
                 self.results["batch_mixing"] = (f"ok: {label} is an example-by-example score "
                                                 "matrix (in-batch pairs by design)")
-                break
+                return
             self.results["batch_mixing"] = "mixing"
 
             def mixes(t: Tensor) -> bool:
@@ -719,98 +493,49 @@ class StructureProbe(TriageCallback):
                 return dep.mixing and not pairwise_output(t, leaf, column=dep.worst_example or 1,
                                                           tolerance=self.tolerance, retain_graph=True)
 
-            first = self._localize(rec_g, leaf, mixes, deadline)
-            where = self._where(pl_module, first, "mixes examples", out_name is None)
-            self.add_finding(
-                trainer, "structure.batch_mixing",
-                f"In eval mode {label} for example 0 depends on the inputs of other examples: "
-                f"gradient norm {mix.other_grad_norm:.3g} reaches them (largest: example "
-                f"{mix.worst_example}) vs {mix.own_grad_norm:.3g} for its own input. An operation "
-                "mixes the batch dimension: a softmax/log_softmax or normalization over `dim=0`, a "
-                "`view`/`reshape` that merges the batch with another dimension, or batch and "
-                f"sequence dimensions swapped.{where}",
-                layer=self._layer(first) or self._layer(out_name),
-                evidence={"output": label, "first_module": first, "example": 0,
-                          "own_grad_norm": mix.own_grad_norm,
-                          "other_grad_norm": mix.other_grad_norm, "ratio": mix.ratio,
-                          "worst_example": mix.worst_example, "probe_input": probe_input,
-                          "batch_size": int(leaf.shape[0])},
-                global_step=0,
-            )
-            break
-        if reason is None:
-            return 1
-        if not causal_ok:
+            first = run.rec.first_showing(leaf, mixes, run.deadline)
+            where = rules.where_sentence(first, "mixes examples", out_name is None,
+                                         type(pl_module).__name__)
+            self._forward(trainer, rules.batch_mixing(
+                label, self._layer(first) or self._layer(out_name), first, where, mix,
+                run.probe_input, int(leaf.shape[0])))
+            return
+
+    def _causal(self, trainer: pl.Trainer, pl_module: pl.LightningModule, run: _GradientRun,
+                reason: str) -> None:
+        """Do output positions depend on later input positions (checked because of
+        ``reason``)?"""
+        leaf, head = run.leaf, run.head
+        if not (head.dim() >= 2 and leaf.dim() >= 2 and head.shape[1] == leaf.shape[1] >= 2):
             why = (f"the head output {tuple(head.shape)} and the probed input {tuple(leaf.shape)} do "
                    "not share a sequence length on dim 1")
             self.results["causal"] = f"skipped: {why}"
             self._skipped(trainer, why, "Pass `forward_fn=` returning per-position outputs "
                           "`(N, T, ...)`.", part=f"causal probe ({reason})")
-            return 1
+            return
+        length = leaf.shape[1]
+        positions = probe_positions(length)
         self.results["causal"] = f"ok ({reason})"
         for pos in positions:
             dep = position_dependence(head, leaf, pos, tolerance=self.tolerance,
                                       retain_graph=True)  # freed with the probe's references
-            if dep.leak:
-                self.results["causal"] = f"leak ({reason})"
-                shown = dep.future_positions[:8]
-                more = "..." if len(dep.future_positions) > 8 else ""
-                length = leaf.shape[1]
-
-                def leaks(t: Tensor, pos: int = pos, length: int = length) -> bool:
-                    if t.dim() < 2 or t.shape[1] != length:
-                        return False
-                    return position_dependence(t, leaf, pos, tolerance=self.tolerance,
-                                               retain_graph=True).leak
-
-                first = self._localize(rec_g, leaf, leaks, deadline)
-                where = self._where(pl_module, first, "sees the future", False)
-                self.add_finding(
-                    trainer, "structure.causal_leak",
-                    f"Output position {pos} of `{self._label(pl_module, head_name)}` depends on "
-                    f"later input positions {shown}{more} ({100 * dep.ratio:.1f}% of its input "
-                    f"gradient norm comes from the future); checked because of {reason}. Check "
-                    "the attention masks (upper triangle masked? the encoder's too? cross-attention "
-                    "to an encoder that saw the whole sequence?) and every layer that mixes "
-                    f"positions (convolutions need left padding).{where}",
-                    layer=self._layer(first) or self._layer(head_name),
-                    evidence={"position": pos, "future_positions": dep.future_positions,
-                              "first_module": first,
-                              "future_grad_norm": dep.future_grad_norm,
-                              "past_grad_norm": dep.past_grad_norm, "future_share": dep.ratio,
-                              "reason": reason, "probe_input": probe_input,
-                              "sequence_length": int(leaf.shape[1]),
-                              "positions_probed": positions},
-                    global_step=0,
-                )
-                break
-        return 1
-
-    def _where(self, pl_module: pl.LightningModule, first: str | None, what: str,
-               after_model: bool) -> str:
-        """The sentence of a message that says where the problem first shows."""
-        if first:
-            return f" The first module whose output {what} is `{first}`."
-        if first == "":
-            return (f" No submodule's output {what}: it happens in "
-                    f"`{type(pl_module).__name__}.forward` itself, after its last submodule.")
-        if after_model:
-            return (f" No module's output {what}: it happens in `training_step` code after the "
-                    "model.")
-        return ""
-
-    def _localize(self, rec: _Recorder, leaf: Tensor, shows: Callable[[Tensor], bool],
-                  deadline: float) -> str | None:
-        """The first module (in completion order) whose output already shows the problem."""
-        for name, out in rec.outputs:
-            if out is leaf or time.perf_counter() > deadline:
+            if not dep.leak:
                 continue
-            try:
-                if shows(out):
-                    return name
-            except RuntimeError:  # an output outside the leaf's graph or freed: skip it
-                continue
-        return None
+            self.results["causal"] = f"leak ({reason})"
+
+            def leaks(t: Tensor, pos: int = pos) -> bool:
+                if t.dim() < 2 or t.shape[1] != length:
+                    return False
+                return position_dependence(t, leaf, pos, tolerance=self.tolerance,
+                                           retain_graph=True).leak
+
+            first = run.rec.first_showing(leaf, leaks, run.deadline)
+            where = rules.where_sentence(first, "sees the future", False, type(pl_module).__name__)
+            self._forward(trainer, rules.causal_leak(
+                self._label(pl_module, run.head_name),
+                self._layer(first) or self._layer(run.head_name), first, where, dep, reason,
+                run.probe_input, int(length), positions))
+            return
 
     # ------------------------------------------------------------------ state
     @override
@@ -826,4 +551,4 @@ class StructureProbe(TriageCallback):
         self.probe_seconds = state.get("probe_seconds")
 
 
-__all__ = ["StructureProbe"]
+__all__ = ["ForwardFn", "StructureProbe"]

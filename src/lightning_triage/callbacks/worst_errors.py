@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
@@ -16,7 +15,7 @@ from typing_extensions import override
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, locate_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
-from lightning_triage.functional.hooks import LastOutput, capture_last_output
+from lightning_triage.functional.hooks import HeadCapture
 from lightning_triage.functional.worst import MAX_THUMBNAIL_SIDE, WorstBuffer, example_losses, thumbnail
 
 #: Batch keys holding each example's index in its dataset.
@@ -109,8 +108,7 @@ class WorstErrors(TriageCallback):
         self.ignore_index = ignore_index
         self.buffer = WorstBuffer(k)
         self.not_classification: str | None = None
-        self._stack: ExitStack | None = None
-        self._captured: LastOutput | None = None
+        self._capture = HeadCapture()  # hooks only during a validation run
         self._offset = 0
         self._sequential = False
 
@@ -128,8 +126,7 @@ class WorstErrors(TriageCallback):
         self.buffer.reset()
         self._offset = 0
         self._sequential = self._is_sequential(trainer)
-        self._stack = ExitStack()
-        self._captured = self._stack.enter_context(capture_last_output(pl_module))
+        self._capture.start(pl_module, None)
 
     @staticmethod
     def _is_sequential(trainer: pl.Trainer) -> bool:
@@ -142,18 +139,16 @@ class WorstErrors(TriageCallback):
     @guarded
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                   batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        if self._captured is not None:
-            self._captured.output = None
+        self._capture.take()  # an output of another forward than this batch's
 
     @override
     @guarded
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                 outputs: STEP_OUTPUT, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
-        if self._captured is None or dataloader_idx != 0:
+        if not self._capture.active or dataloader_idx != 0:
             return
-        output = self._captured.output
-        self._captured.output = None
+        output = self._capture.take()
         layout = locate_batch(batch, self.input_key, self.target_key)
         x, y = layout.inputs, layout.targets
         n = None if x is None or x.dim() == 0 else x.shape[0]
@@ -201,7 +196,7 @@ class WorstErrors(TriageCallback):
     @override
     @guarded
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._captured is None:
+        if not self._capture.active:
             return
         self._close()
         rows = self.buffer.rows()  # the one host transfer of this validation run
@@ -218,8 +213,7 @@ class WorstErrors(TriageCallback):
             f"The {len(rows)} validation examples with the highest loss (of {self.buffer.seen} "
             f"seen at step {trainer.global_step}): loss {rows[0]['loss']:.3g} down to "
             f"{rows[-1]['loss']:.3g}; {wrong} predicted as another class than their label, "
-            f"{confident} of them with confidence above 0.9. Look at them ({shown}): wrong "
-            "labels, corrupt or ambiguous inputs show up here first.",
+            f"{confident} of them with confidence above 0.9. The examples: {shown}.",
             evidence={"k": self.k, "seen": self.buffer.seen, "wrong": wrong,
                       "confident_wrong": confident, "examples": rows,
                       "thumbnail_layout": "C x h x w uint8" if rows[0]["thumbnail"] else None},
@@ -235,9 +229,7 @@ class WorstErrors(TriageCallback):
 
     # ------------------------------------------------------------------ hooks and state
     def _close(self) -> None:
-        if self._stack is not None:
-            self._stack.close()
-        self._stack, self._captured = None, None
+        self._capture.close()
 
     @override
     def remove_handles(self) -> None:
@@ -254,7 +246,7 @@ class WorstErrors(TriageCallback):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_stack"], state["_captured"] = None, None
+        state["_capture"] = HeadCapture()
         state["buffer"] = WorstBuffer(self.k)
         return state
 

@@ -177,52 +177,71 @@ def _lookup(batch: Any, key: BatchKey, path: str) -> tuple[str, Tensor] | None:
     return None
 
 
+_Hit = tuple[str, Tensor] | None
+
+
+def _by_name(entries: Mapping[Any, Any], by_attr: bool, path: str,
+             names: tuple[str, ...]) -> _Hit:
+    """The first entry named like one of ``names`` (case-insensitive) that holds a tensor."""
+    lowered = {str(k).lower(): k for k in entries}
+    for name in names:
+        if name in lowered:
+            real = lowered[name]
+            hit = _first(entries[real], _child(path, real, by_attr))
+            if hit is not None:
+                return hit
+    return None
+
+
+def _by_names(batch: Any, path: str, input_key: BatchKey | None, target_key: BatchKey | None,
+              inputs: _Hit, targets: _Hit) -> tuple[_Hit, _Hit, bool]:
+    """Inputs and targets of a mapping-like batch found by their names; the flag says whether
+    to look by position next (not a mapping, or a namedtuple with other names)."""
+    found = _as_mapping(batch)
+    if found is None:
+        return inputs, targets, True
+    if input_key is not None and target_key is not None:
+        return inputs, targets, False
+    entries, by_attr = found
+    if input_key is None:
+        inputs = _by_name(entries, by_attr, path, INPUT_KEYS)
+    if target_key is None:
+        targets = _by_name(entries, by_attr, path, TARGET_KEYS)
+    return inputs, targets, inputs is None and isinstance(batch, tuple)
+
+
+def _by_position(batch: list[Any] | tuple[Any, ...], path: str, target_key: BatchKey | None,
+                 targets: _Hit) -> tuple[_Hit, _Hit]:
+    """Inputs and targets of a sequence batch by position: the first two entries holding
+    tensors, or the inside of a lone nested entry."""
+    inputs: _Hit = None
+    items = [(i, item) for i, item in enumerate(batch[:_MAX_ITEMS]) if _contains_tensor(item)]
+    if len(items) == 1 and not isinstance(items[0][1], Tensor):
+        nested = _locate(items[0][1], _child(path, items[0][0], False), None, None)
+        if nested.inputs is not None:
+            inputs = (nested.input_name or path, nested.inputs)
+        if targets is None and nested.targets is not None:
+            targets = (nested.target_name or path, nested.targets)
+    elif items:
+        inputs = _first(items[0][1], _child(path, items[0][0], False))
+        if target_key is None and targets is None and len(items) >= 2:
+            targets = _first(items[1][1], _child(path, items[1][0], False))
+    return inputs, targets
+
+
 def _locate(batch: Any, path: str, input_key: BatchKey | None,
             target_key: BatchKey | None) -> BatchLayout:
     tensors = tuple(iter_tensors(batch, path))
-    inputs: tuple[str, Tensor] | None = None
-    targets: tuple[str, Tensor] | None = None
+    inputs = _lookup(batch, input_key, path) if input_key is not None else None
+    targets = _lookup(batch, target_key, path) if target_key is not None else None
     note: str | None = None
-    if input_key is not None:
-        inputs = _lookup(batch, input_key, path)
-    if target_key is not None:
-        targets = _lookup(batch, target_key, path)
     if isinstance(batch, Tensor):
         inputs = inputs or (path, batch)
     else:
-        found = _as_mapping(batch)
-        if found is not None and (input_key is None or target_key is None):
-            entries, by_attr = found
-            lowered = {str(k).lower(): k for k in entries}
-
-            def by_name(names: tuple[str, ...]) -> tuple[str, Tensor] | None:
-                for name in names:
-                    if name in lowered:
-                        real = lowered[name]
-                        hit = _first(entries[real], _child(path, real, by_attr))
-                        if hit is not None:
-                            return hit
-                return None
-
-            if input_key is None:
-                inputs = by_name(INPUT_KEYS)
-            if target_key is None:
-                targets = by_name(TARGET_KEYS)
-            if inputs is None and isinstance(batch, tuple):  # namedtuple with other names
-                found = None
-        if found is None and isinstance(batch, (list, tuple)) and inputs is None:
-            items = [(i, item) for i, item in enumerate(batch[:_MAX_ITEMS])
-                     if _contains_tensor(item)]
-            if len(items) == 1 and not isinstance(items[0][1], Tensor):
-                nested = _locate(items[0][1], _child(path, items[0][0], False), None, None)
-                if nested.inputs is not None:
-                    inputs = (nested.input_name or path, nested.inputs)
-                if targets is None and nested.targets is not None:
-                    targets = (nested.target_name or path, nested.targets)
-            elif items:
-                inputs = _first(items[0][1], _child(path, items[0][0], False))
-                if target_key is None and targets is None and len(items) >= 2:
-                    targets = _first(items[1][1], _child(path, items[1][0], False))
+        inputs, targets, positional = _by_names(batch, path, input_key, target_key, inputs,
+                                                targets)
+        if positional and isinstance(batch, (list, tuple)) and inputs is None:
+            inputs, targets = _by_position(batch, path, target_key, targets)
     if inputs is None:
         note = ("the batch holds no tensor" if not tensors else
                 "could not tell which of " + ", ".join(f"`{n}`" for n, _ in tensors[:8])

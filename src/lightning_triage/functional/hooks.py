@@ -124,13 +124,43 @@ class HeadCapture:
         self.active = False
 
     def start(self, module: nn.Module, targets: Tensor | None, hooks: bool = True,
-              wrap: HookWrapper = _unwrapped) -> None:
+              wrap: HookWrapper = _unwrapped, on_forward: Callable[[], None] | None = None) -> None:
+        """Register the hooks on ``module``'s submodules (when ``hooks``); ``on_forward`` (if
+        given, wrapped by ``wrap`` too) runs after each forward of ``module`` itself, once its
+        output is captured."""
         self.close()
         self.active = True
         self._targets = targets
         if hooks:
             self._stack = ExitStack()
             self._captured = self._stack.enter_context(capture_last_output(module, wrap))
+            if on_forward is not None:
+                def after(mod: nn.Module, args: Any, output: Any) -> None:
+                    on_forward()
+
+                self._stack.callback(module.register_forward_hook(wrap(after)).remove)
+
+    @property
+    def captured(self) -> LastOutput | None:
+        """What the hooks captured so far (``None`` without hooks)."""
+        return self._captured
+
+    def take(self) -> Tensor | None:
+        """The head output captured since the last call, forgotten here; the hooks stay.
+
+        Example:
+            >>> import torch
+            >>> net, capture = nn.Linear(4, 3), HeadCapture()
+            >>> capture.start(net, targets=None)
+            >>> _ = net(torch.randn(2, 4))
+            >>> capture.take().shape, capture.take()
+            (torch.Size([2, 3]), None)
+            >>> capture.close()
+        """
+        if self._captured is None:
+            return None
+        output, self._captured.output = self._captured.output, None
+        return output
 
     def finish(self) -> tuple[Tensor | None, Tensor | None]:
         """``(head output, targets)`` of the batch; removes the hooks."""

@@ -148,23 +148,50 @@ def find_padding_mask(batch: Any, inputs: Tensor | None, targets: Tensor | None 
     """
     if inputs is None or inputs.dim() < 2:
         return "no padding mask: the inputs are not a sequence batch `(N, T, ...)`"
-    shape = tuple(inputs.shape[:2])
     if key is not None:
-        layout = locate_batch(batch, input_key=key)
-        found = layout.inputs
-        if found is None:
-            return f"no padding mask: `padding_mask_key` = {key!r} names no tensor of the batch"
-        as_bool = _as_bool_mask(found, shape)
-        if as_bool is None:
-            return (f"no padding mask: `padding_mask_key` = {key!r} gives a {found.dtype} tensor "
-                    f"of shape {tuple(found.shape)}, not a bool or 0/1 mask of the inputs' shape "
-                    f"{shape}")
-        name = layout.input_name or str(key)
-        pad_is_true = any(k in name.lower() for k in ("pad",))
-        return _from_mask(inputs, found, as_bool, name, pad_is_true)
+        return _mask_by_key(batch, inputs, key)
     layout = locate_batch(batch)
     refused: list[str] = []
-    for name, tensor in layout.tensors:
+    found = _mask_by_name(layout.tensors, inputs, refused)
+    if found is None:
+        found = _unnamed_mask(layout.tensors, inputs, refused)
+    if found is not None:
+        return found
+    if (targets is not None and tuple(targets.shape) == tuple(inputs.shape[:2])
+            and not targets.is_floating_point() and bool((targets == ignore_index).any())):
+        return _mask_from_targets(inputs, targets, ignore_index)
+    if refused:
+        return (f"no padding mask: {', '.join(f'`{n}`' for n in refused)} does not mark one pad "
+                "value at one end of every padded row (not padding: e.g. a masked-LM mask); pass "
+                "`padding_mask_key=` if it is the padding mask")
+    return ("no padding mask: no batch entry named like one (attention_mask, padding_mask, "
+            "key_padding_mask...) or a 0/1 tensor of the inputs' shape marking padding, and no "
+            "targets with `ignore_index` at padded positions")
+
+
+def _mask_by_key(batch: Any, inputs: Tensor, key: BatchKey) -> PaddingMask | str:
+    """The mask the user named with ``padding_mask_key``."""
+    shape = tuple(inputs.shape[:2])
+    layout = locate_batch(batch, input_key=key)
+    found = layout.inputs
+    if found is None:
+        return f"no padding mask: `padding_mask_key` = {key!r} names no tensor of the batch"
+    as_bool = _as_bool_mask(found, shape)
+    if as_bool is None:
+        return (f"no padding mask: `padding_mask_key` = {key!r} gives a {found.dtype} tensor "
+                f"of shape {tuple(found.shape)}, not a bool or 0/1 mask of the inputs' shape "
+                f"{shape}")
+    name = layout.input_name or str(key)
+    pad_is_true = any(k in name.lower() for k in ("pad",))
+    return _from_mask(inputs, found, as_bool, name, pad_is_true)
+
+
+def _mask_by_name(tensors: Sequence[tuple[str, Tensor]], inputs: Tensor,
+                  refused: list[str]) -> PaddingMask | str | None:
+    """A batch entry named like a padding mask (:data:`MASK_KEYS`) that marks padding; the
+    names of those that do not are added to ``refused``."""
+    shape = tuple(inputs.shape[:2])
+    for name, tensor in tensors:
         if tensor is inputs:
             continue
         leaf = name.rsplit("[", 1)[-1].rsplit(".", 1)[-1].strip("]'\"").lower()
@@ -177,9 +204,15 @@ def find_padding_mask(batch: Any, inputs: Tensor | None, targets: Tensor | None 
         if isinstance(found_mask, str) or _padding_like(inputs, found_mask.pad):
             return found_mask
         refused.append(name)
-    # an unnamed 0/1 tensor of the inputs' shape (a tuple `(input_ids, mask, labels)`): a
-    # padding mask when one polarity puts one pad value at one end of every padded row
-    for name, tensor in layout.tensors:
+    return None
+
+
+def _unnamed_mask(tensors: Sequence[tuple[str, Tensor]], inputs: Tensor,
+                  refused: list[str]) -> PaddingMask | str | None:
+    """An unnamed 0/1 tensor of the inputs' shape (a tuple ``(input_ids, mask, labels)``): a
+    padding mask when one polarity puts one pad value at one end of every padded row."""
+    shape = tuple(inputs.shape[:2])
+    for name, tensor in tensors:
         if tensor is inputs or name in refused:
             continue
         as_bool = _as_bool_mask(tensor, shape)
@@ -189,25 +222,21 @@ def find_padding_mask(batch: Any, inputs: Tensor | None, targets: Tensor | None 
             pad = as_bool if pad_is_true else ~as_bool
             if bool(pad.any()) and _padding_like(inputs, pad):
                 return _from_mask(inputs, tensor, as_bool, name, pad_is_true)
-    if (targets is not None and tuple(targets.shape) == shape and not targets.is_floating_point()
-            and bool((targets == ignore_index).any())):
-        ignored = targets == ignore_index
-        pad_value = _mode(inputs[ignored])
-        pad = ignored & _equal_to(inputs, pad_value)
-        side = padding_side(pad)
-        if side is not None and not bool(pad.all(dim=1).any()):
-            return PaddingMask(pad=pad, real=~ignored, source="the targets (`ignore_index` = "
-                               f"{ignore_index})", side=side, pad_value=pad_value, mask=None,
-                               pad_is_true=True)
-        return (f"no padding mask: the targets hold `ignore_index` = {ignore_index}, but not at a "
-                "padded end of every row")
-    if refused:
-        return (f"no padding mask: {', '.join(f'`{n}`' for n in refused)} does not mark one pad "
-                "value at one end of every padded row (not padding: e.g. a masked-LM mask); pass "
-                "`padding_mask_key=` if it is the padding mask")
-    return ("no padding mask: no batch entry named like one (attention_mask, padding_mask, "
-            "key_padding_mask...) or a 0/1 tensor of the inputs' shape marking padding, and no "
-            "targets with `ignore_index` at padded positions")
+    return None
+
+
+def _mask_from_targets(inputs: Tensor, targets: Tensor, ignore_index: int) -> PaddingMask | str:
+    """The padding the targets' ``ignore_index`` marks, where the input is the pad token."""
+    ignored = targets == ignore_index
+    pad_value = _mode(inputs[ignored])
+    pad = ignored & _equal_to(inputs, pad_value)
+    side = padding_side(pad)
+    if side is not None and not bool(pad.all(dim=1).any()):
+        return PaddingMask(pad=pad, real=~ignored, source="the targets (`ignore_index` = "
+                           f"{ignore_index})", side=side, pad_value=pad_value, mask=None,
+                           pad_is_true=True)
+    return (f"no padding mask: the targets hold `ignore_index` = {ignore_index}, but not at a "
+            "padded end of every row")
 
 
 def _padding_like(inputs: Tensor, pad: Tensor) -> bool:

@@ -16,10 +16,9 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
+
+from lightning_triage.functional.collection import map_tensors
 
 #: Relative gradient (or output change) below which two things count as independent.
 DEFAULT_TOLERANCE = 1e-5
@@ -74,25 +75,7 @@ def replace_tensor(batch: Any, old: Tensor, new: Tensor) -> Any:
         >>> out["y"][0].tolist(), out["x"] is x, out["id"]
         ([5.0, 5.0], True, 'a')
     """
-    if batch is old:
-        return new
-    if isinstance(batch, Tensor):
-        return batch
-    if isinstance(batch, Mapping):
-        items = {k: replace_tensor(v, old, new) for k, v in batch.items()}
-        try:
-            return type(batch)(items)  # type: ignore[call-arg]
-        except TypeError:
-            return items
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        changes = {f.name: replace_tensor(getattr(batch, f.name), old, new)
-                   for f in dataclasses.fields(batch) if f.init}
-        return dataclasses.replace(batch, **changes)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(replace_tensor(v, old, new) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(replace_tensor(v, old, new) for v in batch)
-    return batch
+    return map_tensors(lambda t: new if t is old else t, batch)
 
 
 # ---------------------------------------------------------------------------------------------

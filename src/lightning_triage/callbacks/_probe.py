@@ -1,0 +1,47 @@
+"""What the structure-stage probes share: a small copy of the batch, the user's step on it,
+and the forwarding of the functional core's verdicts to the report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+from torch import nn
+
+from lightning_triage.callbacks.base import TriageCallback
+from lightning_triage.findings import Finding
+from lightning_triage.functional.batch import BatchKey
+from lightning_triage.functional.verdict import Verdict
+from lightning_triage.probing import copy_first_examples, run_user_step
+
+ForwardFn = Callable[[pl.LightningModule, Any], Any]
+
+
+class ProbeCallback(TriageCallback):
+    """A check that runs the user's step on a copy of the first batch (the subclass sets the
+    attributes below in its ``__init__``)."""
+
+    forward_fn: ForwardFn | None
+    input_key: BatchKey | None
+    target_key: BatchKey | None
+    max_examples: int
+    results: dict[str, Any]
+
+    def _copy(self, batch: Any) -> Any:
+        """A copy of ``batch`` with at most ``max_examples`` examples (tensors cloned)."""
+        return copy_first_examples(batch, self.max_examples, self.input_key, self.target_key)
+
+    def _run(self, trainer: pl.Trainer, module: nn.Module, batch: Any) -> Any:
+        """The user's code on a batch, in the run's precision context (as the real step)."""
+        self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
+        return run_user_step(trainer, module, batch, self.forward_fn)
+
+    def _forward(self, trainer: pl.Trainer, verdict: Verdict) -> Finding:
+        """Report a verdict of the functional core as a finding."""
+        return self.add_finding(trainer, verdict.code, verdict.message, severity=verdict.severity,
+                                layer=verdict.layer, evidence=verdict.evidence,
+                                global_step=verdict.step)
+
+
+__all__ = ["ForwardFn", "ProbeCallback"]

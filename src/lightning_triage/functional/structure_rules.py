@@ -1,0 +1,274 @@
+"""The structure stage's rules: from what the structure and padding probes measured to
+:class:`~lightning_triage.functional.verdict.Verdict` s with their messages and evidence.
+
+The probes (:mod:`lightning_triage.callbacks.structure_probe`,
+:mod:`lightning_triage.callbacks.padding_probe`) run the user's code and measure; these
+functions decide and word the findings ``structure.shape_mismatch``, ``structure.target_leak``,
+``structure.batch_mixing``, ``structure.causal_leak``, ``structure.padding_leak`` and
+``structure.probe_skipped``. Every verdict refers to step 0 (the probes run on the first batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor
+
+from lightning_triage.functional.padding import PaddingLeak, PaddingMask
+from lightning_triage.functional.structure import (
+    BatchDependence,
+    CausalDependence,
+    OutputChange,
+    broadcast_mismatch,
+    is_next_token,
+    parse_size_warning,
+)
+from lightning_triage.functional.verdict import Verdict
+
+#: Future positions named in a causal-leak message (the evidence lists them all).
+SHOWN_POSITIONS = 8
+
+
+def probe_skipped(why: str, what: str, part: str = "") -> Verdict:
+    """``structure.probe_skipped``: the structure probe (or one ``part`` of it) did not run.
+
+    Example:
+        >>> probe_skipped("no input tensor found in the batch", "Pass `input_key=`.").message
+        'The structure probe did not run: no input tensor found in the batch. Pass `input_key=`.'
+    """
+    return Verdict("structure.probe_skipped", 0,
+                   f"The {part or 'structure probe'} did not run: {why}. {what}",
+                   evidence={"reason": why, "part": part or "all"})
+
+
+def framework_broadcasts(warned: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The framework's warnings (``(message, category name)``) that report a loss broadcasting
+    predictions against targets of another shape.
+
+    Example:
+        >>> w = ("Using a target size (torch.Size([4, 1])) that is different to the input size "
+        ...      "(torch.Size([4])).", "UserWarning")
+        >>> [(d["input_shape"], d["target_shape"]) for d in framework_broadcasts([w])]
+        [([4], [4, 1])]
+    """
+    found: list[dict[str, Any]] = []
+    for message, category in warned:
+        parsed = parse_size_warning(message)
+        if parsed is not None and broadcast_mismatch(*parsed) is not None:
+            found.append({"message": message, "input_shape": parsed[0],
+                          "target_shape": parsed[1], "category": category})
+    return found
+
+
+def shape_mismatch(events: list[dict[str, Any]], framework: list[dict[str, Any]],
+                   head_name: str | None) -> Verdict | None:
+    """``structure.shape_mismatch`` from the broadcasting operations between predictions and
+    targets (``events``, as :class:`~lightning_triage.functional.structure.BroadcastEvent`
+    dicts) and the framework's warnings; ``None`` when there is neither."""
+    if not events and not framework:
+        return None
+    first: dict[str, Any] = events[0] if events else {
+        "op": "loss", "prediction_shape": framework[0]["input_shape"],
+        "target_shape": framework[0]["target_shape"],
+        "result_shape": broadcast_mismatch(framework[0]["input_shape"],
+                                           framework[0]["target_shape"])}
+    pred, tgt, res = first["prediction_shape"], first["target_shape"], first["result_shape"]
+    return Verdict(
+        "structure.shape_mismatch", 0,
+        f"`{first['op']}` combines predictions of shape {tuple(pred)} with targets of shape "
+        f"{tuple(tgt)}, which broadcast silently to {tuple(res)}: every prediction is compared "
+        f"with every target.",
+        evidence={"prediction_shape": pred, "target_shape": tgt, "broadcast_shape": res,
+                  "op": first["op"], "operations": events, "framework_warnings": framework,
+                  "head_module": head_name},
+    )
+
+
+def target_leak(head_label: str, head_name: str | None, layer: str | None,
+                change: OutputChange, redrawn: str, start: int | None,
+                target_shape: list[int]) -> Verdict:
+    """``structure.target_leak``: the head output (``head_label`` in the message) changed when
+    only the targets changed (``redrawn`` says how), with ``start`` the first target position
+    redrawn for sequence targets (only the first output position was compared)."""
+    where = ("at the first output position, which teacher forcing only feeds the tokens "
+             f"before target position {start}" if start is not None else "")
+    return Verdict(
+        "structure.target_leak", 0,
+        f"The output of `{head_label}` changed when only the targets "
+        f"changed ({redrawn}, inputs unchanged){' ' + where if where else ''}: max |diff| "
+        f"{change.max_abs_diff:.4g} ({change.relative_diff:.3g} of its scale), "
+        f"{100 * change.fraction_changed:.0f}% of the compared values changed. The targets "
+        "reach the forward pass: feed the decoder the targets shifted right and keep labels "
+        "out of the features (expected only for label-conditioned models).",
+        layer=layer,
+        evidence={"module": head_name, "compared": change.compared,
+                  "max_abs_diff": change.max_abs_diff, "relative_diff": change.relative_diff,
+                  "fraction_changed": change.fraction_changed, "replacement": redrawn,
+                  "output_shape": change.shape_before, "output_shape_after": change.shape_after,
+                  "target_shape": target_shape},
+    )
+
+
+def where_sentence(first: str | None, what: str, after_model: bool, root: str) -> str:
+    """The sentence of a message that says where a problem first shows: ``first`` is the first
+    module whose output shows it (``""``: the root's own ``forward``, ``root`` its class;
+    ``None``: none found, after the model when ``after_model``).
+
+    Example:
+        >>> where_sentence("enc.norm", "mixes examples", False, "Net")
+        ' The first module whose output mixes examples is `enc.norm`.'
+    """
+    if first:
+        return f" The first module whose output {what} is `{first}`."
+    if first == "":
+        return (f" No submodule's output {what}: it happens in "
+                f"`{root}.forward` itself, after its last submodule.")
+    if after_model:
+        return (f" No module's output {what}: it happens in `training_step` code after the "
+                "model.")
+    return ""
+
+
+def batch_mixing(label: str, layer: str | None, first: str | None, where: str,
+                 mix: BatchDependence, probe_input: str, batch_size: int) -> Verdict:
+    """``structure.batch_mixing``: ``label`` (an output) for example 0 depends on the inputs of
+    other examples; ``where`` is :func:`where_sentence` for ``first``."""
+    return Verdict(
+        "structure.batch_mixing", 0,
+        f"In eval mode {label} for example 0 depends on the inputs of other examples: "
+        f"gradient norm {mix.other_grad_norm:.3g} reaches them (largest: example "
+        f"{mix.worst_example}) vs {mix.own_grad_norm:.3g} for its own input. An operation "
+        "mixes the batch dimension: a softmax/log_softmax or normalization over `dim=0`, a "
+        "`view`/`reshape` that merges the batch with another dimension, or batch and "
+        f"sequence dimensions swapped.{where}",
+        layer=layer,
+        evidence={"output": label, "first_module": first, "example": 0,
+                  "own_grad_norm": mix.own_grad_norm,
+                  "other_grad_norm": mix.other_grad_norm, "ratio": mix.ratio,
+                  "worst_example": mix.worst_example, "probe_input": probe_input,
+                  "batch_size": batch_size},
+    )
+
+
+def causal_leak(head_label: str, layer: str | None, first: str | None, where: str,
+                dep: CausalDependence, reason: str, probe_input: str, length: int,
+                positions: list[int]) -> Verdict:
+    """``structure.causal_leak``: output position ``dep.position`` of the head depends on later
+    input positions; ``reason`` says why causality was checked."""
+    shown = dep.future_positions[:SHOWN_POSITIONS]
+    more = "..." if len(dep.future_positions) > SHOWN_POSITIONS else ""
+    return Verdict(
+        "structure.causal_leak", 0,
+        f"Output position {dep.position} of `{head_label}` depends on "
+        f"later input positions {shown}{more} ({100 * dep.ratio:.1f}% of its input "
+        f"gradient norm comes from the future); checked because of {reason}.{where}",
+        layer=layer,
+        evidence={"position": dep.position, "future_positions": dep.future_positions,
+                  "first_module": first,
+                  "future_grad_norm": dep.future_grad_norm,
+                  "past_grad_norm": dep.past_grad_norm, "future_share": dep.ratio,
+                  "reason": reason, "probe_input": probe_input,
+                  "sequence_length": length,
+                  "positions_probed": positions},
+    )
+
+
+def causal_reason(causal: bool | None, inputs: Tensor, targets: Tensor | None,
+                  ignore_index: int) -> str | None:
+    """Why the causal probe runs: ``causal=True``, or (``causal=None``) next-token data;
+    ``None``: it does not.
+
+    Example:
+        >>> import torch
+        >>> x = torch.tensor([[1, 2, 3, 4]])
+        >>> causal_reason(None, x, torch.tensor([[2, 3, 4, 5]]), -100)[:49]
+        'next-token data: targets[:, :-1] == inputs[:, 1:]'
+        >>> causal_reason(False, x, torch.tensor([[2, 3, 4, 5]]), -100) is None
+        True
+    """
+    if causal is True:
+        return "`causal=True`"
+    if causal is None and targets is not None and is_next_token(inputs, targets, ignore_index):
+        return (f"next-token data: targets[:, :-1] == inputs[:, 1:] on the probed batch "
+                f"({targets.shape[0]} sequences of {targets.shape[1]} tokens), so the model must "
+                "be causal")
+    return None
+
+
+# ---------------------------------------------------------------------- padding
+def padding_skipped(message: str, why: str, **evidence: Any) -> Verdict:
+    """``structure.probe_skipped`` for the padding probe (``message`` is the whole sentence)."""
+    return Verdict("structure.probe_skipped", 0, message,
+                   evidence={"reason": why, "part": "padding probe", **evidence})
+
+
+def padding_unfinished(why: str) -> Verdict:
+    """The padding probe stopped on an error (``why``)."""
+    return padding_skipped(f"The padding probe did not run to the end: {why}. Pass "
+                           "`forward_fn=` or `padding_mask_key=`.", why)
+
+
+def padding_unaligned(why: str) -> Verdict:
+    """The padding probe found no head output it could compare (``why``)."""
+    return padding_skipped(f"The padding probe could not compare outputs: {why}. Pass "
+                           "`forward_fn=` returning the model's per-position or pooled output.",
+                           why)
+
+
+def padding_nondeterministic(noise: float) -> tuple[str, Verdict]:
+    """``(why, verdict)``: the same batch twice gave outputs ``noise`` apart (relative)."""
+    why = (f"the model gave different outputs for the same batch twice in eval mode "
+           f"(relative difference {noise:.3g}) with every RNG reset")
+    return why, padding_skipped(f"The padding probe did not run: {why}; a perturbation could "
+                                "not be told from the noise.", why, noise=noise)
+
+
+def padding_leak(head_label: str, first_label: str, head: str, mask: PaddingMask,
+                 leaks: list[PaddingLeak], noise: float, batch_shape: list[int]) -> Verdict:
+    """``structure.padding_leak``: the head output (``head_label``) moved at the real positions
+    (or pooled) when only the padding changed (``leaks``, one per perturbation)."""
+    parts = []
+    for leak in leaks:
+        what = ("other token ids at the padded positions" if leak.perturbation == "content"
+                else "more padded positions")
+        where = "at the real positions" if leak.change.compared == "positions" else "(pooled)"
+        parts.append(f"{what} moved it {where} by up to {leak.change.max_abs_diff:.3g} "
+                     f"({100 * leak.change.relative_diff:.3g}% of its largest value)")
+    first = next((leak.first_module for leak in leaks if leak.first_module is not None), None)
+    where_msg = (f" The first module whose output at the real positions moved is `{first_label}`."
+                 if first else "")
+    return Verdict(
+        "structure.padding_leak", 0,
+        f"The output of `{head_label}` depends on the padding "
+        f"(mask {mask.source}): {'; '.join(parts)}.{where_msg} Pass the padding mask to "
+        "attention (`key_padding_mask`), pool over the real positions only (masked mean) "
+        "and keep padded positions out of the loss (`ignore_index`).",
+        layer=first or None,
+        evidence={"mask": mask.source, "side": mask.side, "first_module": first,
+                  "head": head,
+                  "perturbations": [
+                      {"perturbation": leak.perturbation, "compared": leak.change.compared,
+                       "max_abs_diff": leak.change.max_abs_diff,
+                       "relative_diff": leak.change.relative_diff,
+                       "first_module": leak.first_module} for leak in leaks],
+                  "noise": noise, "batch_shape": batch_shape,
+                  "padded_positions": int(mask.pad.sum())},
+    )
+
+
+__all__ = [
+    "SHOWN_POSITIONS",
+    "batch_mixing",
+    "causal_leak",
+    "causal_reason",
+    "framework_broadcasts",
+    "padding_leak",
+    "padding_nondeterministic",
+    "padding_unaligned",
+    "padding_unfinished",
+    "probe_skipped",
+    "shape_mismatch",
+    "target_leak",
+    "where_sentence",
+]

@@ -1,0 +1,102 @@
+"""The structure stage's rules: verdicts, messages and evidence from what the probes measured."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_triage.functional import structure_rules as rules
+from lightning_triage.functional.padding import PaddingLeak, PaddingMask, RealChange
+from lightning_triage.functional.structure import (
+    BatchDependence,
+    CausalDependence,
+    OutputChange,
+)
+
+
+def test_probe_skipped_names_the_part() -> None:
+    whole = rules.probe_skipped("no input", "Pass `input_key=`.")
+    part = rules.probe_skipped("too slow", "Raise it.", part="causal probe")
+    assert (whole.code, whole.step, whole.evidence) == (
+        "structure.probe_skipped", 0, {"reason": "no input", "part": "all"})
+    assert part.message == "The causal probe did not run: too slow. Raise it."
+    assert part.evidence["part"] == "causal probe"
+
+
+def test_shape_mismatch_from_events_or_framework_warnings() -> None:
+    assert rules.shape_mismatch([], [], "head") is None
+    event = {"op": "mse_loss", "prediction_shape": [4, 1], "target_shape": [4],
+             "result_shape": [4, 4]}
+    v = rules.shape_mismatch([event], [], "head")
+    assert v is not None and v.code == "structure.shape_mismatch"
+    assert v.message.startswith("`mse_loss` combines predictions of shape (4, 1) with targets "
+                                "of shape (4,), which broadcast silently to (4, 4)")
+    assert v.evidence["head_module"] == "head" and v.evidence["broadcast_shape"] == [4, 4]
+    warned = [("Using a target size (torch.Size([4, 1])) that is different to the input size "
+               "(torch.Size([4])).", "UserWarning"), ("something else", "UserWarning")]
+    framework = rules.framework_broadcasts(warned)
+    assert len(framework) == 1 and framework[0]["category"] == "UserWarning"
+    v2 = rules.shape_mismatch([], framework, None)
+    assert v2 is not None and v2.evidence["op"] == "loss"
+    assert v2.evidence["broadcast_shape"] == [4, 4]
+
+
+def test_where_sentence_cases() -> None:
+    assert rules.where_sentence("enc", "sees the future", False, "Net") == (
+        " The first module whose output sees the future is `enc`.")
+    assert "`Net.forward` itself" in rules.where_sentence("", "mixes examples", False, "Net")
+    assert "`training_step` code" in rules.where_sentence(None, "mixes examples", True, "Net")
+    assert rules.where_sentence(None, "mixes examples", False, "Net") == ""
+
+
+def test_causal_reason() -> None:
+    x = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    y = torch.tensor([[2, 3, 4, 9], [6, 7, 8, 9]])
+    assert rules.causal_reason(True, x, None, -100) == "`causal=True`"
+    reason = rules.causal_reason(None, x, y, -100)
+    assert reason is not None and "(2 sequences of 4 tokens)" in reason
+    assert rules.causal_reason(None, x, x, -100) is None
+    assert rules.causal_reason(False, x, y, -100) is None
+
+
+def test_gradient_verdicts_carry_numbers_and_layer() -> None:
+    mix = BatchDependence(0, 1.0, 0.5, 0.5, 3, True, True)
+    v = rules.batch_mixing("the output of `head`", "head", "norm", " where.", mix, "the batch", 8)
+    assert v.code == "structure.batch_mixing" and v.layer == "head"
+    assert "gradient norm 0.5 reaches them (largest: example 3) vs 1 for its own" in v.message
+    assert v.message.endswith("swapped. where.")
+    assert v.evidence["batch_size"] == 8 and v.evidence["first_module"] == "norm"
+    dep = CausalDependence(2, list(range(3, 13)), 1.0, 0.5, 0.5, True, True)
+    c = rules.causal_leak("Net", None, None, "", dep, "`causal=True`", "x", 13, [0, 2])
+    assert "Output position 2 of `Net` depends on later input positions " \
+           "[3, 4, 5, 6, 7, 8, 9, 10]... (50.0% of" in c.message
+    assert c.evidence["future_positions"] == list(range(3, 13))
+    assert c.evidence["positions_probed"] == [0, 2]
+
+
+def test_target_leak_message() -> None:
+    change = OutputChange(True, 0.25, 0.1, 0.5, "all", [4, 3], [4, 3])
+    v = rules.target_leak("head", "head", "head", change, "targets permuted across the batch",
+                          None, [4])
+    assert "changed (targets permuted across the batch, inputs unchanged): max |diff| 0.25" \
+        in v.message
+    seq = rules.target_leak("dec", "dec", "dec", change, "target positions 1..3 permuted", 1,
+                            [4, 4])
+    assert "inputs unchanged) at the first output position, which teacher forcing only feeds " \
+           "the tokens before target position 1:" in seq.message
+    assert seq.evidence["target_shape"] == [4, 4]
+
+
+def test_padding_verdicts() -> None:
+    pad = torch.tensor([[False, False, True], [False, True, True]])
+    mask = PaddingMask(pad=pad, real=~pad, source="batch['attention_mask']", side="right",
+                       pad_value=0, mask=None, pad_is_true=False)
+    leak = PaddingLeak("content", RealChange("positions", 0.5, 0.25, True), "head", "enc")
+    v = rules.padding_leak("head", "enc", "head", mask, [leak], 1e-7, [2, 3])
+    assert v.code == "structure.padding_leak" and v.layer == "enc"
+    assert "other token ids at the padded positions moved it at the real positions by up to " \
+           "0.5 (25% of its largest value). The first module" in v.message
+    assert v.evidence["padded_positions"] == 3
+    why, skipped = rules.padding_nondeterministic(0.01)
+    assert skipped.evidence == {"reason": why, "part": "padding probe", "noise": 0.01}
+    assert rules.padding_unaligned("x").message.startswith("The padding probe could not compare")
+    assert rules.padding_unfinished("x").message.startswith("The padding probe did not run to")
