@@ -11,13 +11,18 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from torch import Tensor, nn
 from torch.nn.modules.dropout import _DropoutNd
 from torch.optim import Optimizer
 from torchmetrics import Metric
 from typing_extensions import override
 
+from lightning_triage.callbacks._compat import (
+    hook_takes,
+    metric_state,
+    set_metric_state,
+    train_step_context,
+)
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.callbacks.gradient_wiring import sharded_strategy
 from lightning_triage.callbacks.initial_loss import validate_task
@@ -96,10 +101,7 @@ def preserved_attributes(module: nn.Module) -> Iterator[None]:
     metrics: list[tuple[nn.Module, dict[str, Any]]] = []
     for sub in module.modules():
         if isinstance(sub, Metric):
-            state = {k: _copy_value(v) for k, v in sub.metric_state.items()}
-            extra = {k: _copy_value(getattr(sub, k)) for k in
-                     ("_update_count", "_computed", "_forward_cache") if hasattr(sub, k)}
-            metrics.append((sub, {**state, **extra}))
+            metrics.append((sub, {k: _copy_value(v) for k, v in metric_state(sub).items()}))
     present = set(vars(module))
     try:
         yield
@@ -121,8 +123,7 @@ def preserved_attributes(module: nn.Module) -> Iterator[None]:
             else:
                 setattr(module, name, original)
         for metric, state in metrics:
-            for key, item in state.items():
-                object.__setattr__(metric, key, item)
+            set_metric_state(metric, state)
 
 
 def _note_params(run: ProbeRun, params: list[tuple[str, nn.Parameter]],
@@ -306,7 +307,7 @@ class OverfitBatchCheck(TriageCallback):
         held = {id(p) for g in optimizer.param_groups for p in g["params"]}
         params = list(pl_module.named_parameters())
         trainable: dict[str, int] = {}
-        pass_idx = is_param_in_hook_signature(pl_module.training_step, "batch_idx", min_args=2)
+        pass_idx = hook_takes(pl_module.training_step, "batch_idx", min_args=2)
         args = (batch, 0) if pass_idx else (batch,)
         started = time.perf_counter()
         step_times: list[float] = []
@@ -348,7 +349,7 @@ class OverfitBatchCheck(TriageCallback):
             with ExitStack() as stack:
                 captured = stack.enter_context(capture_last_output(pl_module)) if (
                     step == 0 or (step + 1) % PLATEAU_EVERY == 0) else None
-                stack.enter_context(trainer.precision_plugin.train_step_context())
+                stack.enter_context(train_step_context(trainer))
                 stack.enter_context(user_code())
                 run.calls += 1
                 output = pl_module.training_step(*args)
