@@ -312,16 +312,7 @@ INTERNAL_NAMES = frozenset({
 
 #: (file, name) pairs still to replace with `_compat` functions in files other helpers were
 #: refactoring when `_compat.py` was written. Empty it as they are replaced; a stale entry fails.
-ALLOWED: frozenset[tuple[str, str]] = frozenset({
-    ("callbacks/nonfinite_tracer.py", "precision_plugin"),
-    ("callbacks/nonfinite_tracer.py", "forward_context"),
-    ("callbacks/overfit_batch.py", "lightning.pytorch.utilities.signature_utils"),
-    ("callbacks/overfit_batch.py", "precision_plugin"),
-    ("callbacks/overfit_batch.py", "train_step_context"),
-    ("callbacks/overfit_batch.py", "_update_count"),
-    ("callbacks/overfit_batch.py", "_computed"),
-    ("callbacks/overfit_batch.py", "_forward_cache"),
-})
+ALLOWED: frozenset[tuple[str, str]] = frozenset()
 
 
 def lightning_private_names() -> frozenset[str]:

@@ -518,6 +518,37 @@ def localize_nonfinite(
     return result
 
 
+@contextmanager
+def float32_state(module: nn.Module) -> Iterator[None]:
+    """Temporarily swap reduced-precision parameters and buffers for float32 copies (``.data``),
+    restoring the very same tensors (and gradients) afterwards; the originals are not written.
+
+    Example:
+        >>> net = nn.Linear(2, 2).half()
+        >>> with float32_state(net):
+        ...     net.weight.dtype
+        torch.float32
+        >>> net.weight.dtype
+        torch.float16
+    """
+    saved: list[tuple[Tensor, Tensor]] = []
+    saved_grads: list[tuple[Tensor, Tensor]] = []
+    try:
+        for t in (*module.parameters(), *module.buffers()):
+            if t.is_floating_point() and t.dtype in (torch.float16, torch.bfloat16):
+                if t.grad is not None:
+                    saved_grads.append((t, t.grad))
+                    t.grad = None
+                saved.append((t, t.data))
+                t.data = t.data.float()
+        yield
+    finally:
+        for t, data in saved:
+            t.data = data
+        for t, grad in saved_grads:
+            t.grad = grad
+
+
 __all__ = [
     "BackwardEvent",
     "Frame",
@@ -527,6 +558,7 @@ __all__ = [
     "abs_peaks",
     "all_finite",
     "dtype_max",
+    "float32_state",
     "float_tensors",
     "gradients_nonfinite",
     "localize_nonfinite",

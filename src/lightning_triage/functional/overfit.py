@@ -118,7 +118,8 @@ def probability_floor(output: Tensor, class_dim: int = -1, atol: float = 1e-3) -
     return math.log(math.e + num_classes - 1) - 1
 
 
-Verdict = Literal["passed", "failed", "inconclusive"]
+#: How an overfit run ended.
+Outcome = Literal["passed", "failed", "inconclusive"]
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class OverfitVerdict:
         ('passed', 'reached', 0.1, 4)
     """
 
-    verdict: Verdict
+    verdict: Outcome
     reason: str
     start: float
     best: float
@@ -205,7 +206,7 @@ def judge_curve(losses: Sequence[float], target: float, steps_allowed: int,
     finite = [v for v in losses if math.isfinite(v)]
     best = min(finite) if finite else math.nan
 
-    def verdict(v: Verdict, reason: str) -> OverfitVerdict:
+    def verdict(v: Outcome, reason: str) -> OverfitVerdict:
         return OverfitVerdict(v, reason, start, best, final, len(losses), target)
 
     if finite and best <= target:

@@ -1,0 +1,353 @@
+"""Stage 4 (overfit) rules: the verdicts of :class:`~lightning_triage.OverfitBatchCheck`.
+
+The check trains a copy of the model on a few examples and records what it saw in a
+:class:`ProbeRun`; :func:`set_reference` derives the chance level, the near-zero target and a
+probability floor from the probe's first step, and :func:`conclude_probe` turns the finished run
+into the check's status and its :class:`~lightning_triage.functional.verdict.Verdict` objects
+(``overfit.passed``, ``overfit.failed`` with the likely causes, ``overfit.inconclusive``,
+``overfit.skipped``, ``overfit.loss_on_probabilities``).
+
+Example:
+    >>> run = ProbeRun(losses=[2.3, 1.0, 0.05], examples=4, target=0.115, optimizer="Adam(lr=0.001)")
+    >>> out = conclude_probe(run, tolerance=0.05, max_steps=300, min_steps=30, time_budget=5.0)
+    >>> out.ran, [v.code for v in out.verdicts]
+    (True, ['overfit.passed'])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+from torch.nn import functional as F
+
+from lightning_triage.functional.chance import IGNORE_INDEX, chance_level, infer_task
+from lightning_triage.functional.overfit import (
+    OverfitVerdict,
+    judge_curve,
+    judge_memorization,
+    near_zero_target,
+    probability_floor,
+)
+from lightning_triage.functional.verdict import Verdict
+from lightning_triage.functional.wiring import ModuleGroup, describe_groups
+
+#: At most this many points of the probe's loss curve are kept (evidence and series).
+MAX_CURVE_POINTS = 60
+
+
+@dataclass
+class ProbeRun:
+    """What one overfit probe saw (kept for the finding's evidence and the report series)."""
+
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    step_seconds: float = 0.0
+    optimizer: str = ""
+    fallback: str = ""
+    examples: int = 0
+    target: float = math.nan
+    chance: float | None = None
+    chance_text: str = ""
+    floor: float | None = None
+    targets: Tensor | None = None
+    class_dim: int = -1
+    all_right: bool | None = None
+    detached: bool = False
+    stopped: str = ""
+    #: `training_step` calls the probe made (on the copy, or in place)
+    calls: int = 0
+    #: "copy" or "in place: why"
+    isolation: str = ""
+    #: the user's exception that stopped the probe ("Type: message")
+    error: str = ""
+    no_grad: list[ModuleGroup] = field(default_factory=list)
+    frozen: list[ModuleGroup] = field(default_factory=list)
+    outside_optimizer: list[ModuleGroup] = field(default_factory=list)
+
+
+@dataclass
+class ProbeConclusion:
+    """The check's outcome: ``ran`` (its status follows its findings) or not (skipped or
+    inconclusive), its ``detail``, the curve's ``outcome`` and the ``verdicts`` to report."""
+
+    ran: bool
+    detail: str
+    verdicts: list[Verdict]
+    outcome: OverfitVerdict | None = None
+    curve: list[list[float]] = field(default_factory=list)
+
+
+def matches_cross_entropy(output: Tensor, targets: Tensor, class_dim: int, loss: float) -> bool:
+    """Whether ``loss`` is ``F.cross_entropy`` of ``output`` taken as logits.
+
+    Example:
+        >>> import torch
+        >>> p, y = torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([0, 1])
+        >>> matches_cross_entropy(p, y, -1, float(F.cross_entropy(p, y)))
+        True
+    """
+    try:
+        logits = output.detach().float()
+        if class_dim != 1:
+            logits = logits.movedim(class_dim, 1)
+        ce = float(F.cross_entropy(logits, targets.long(), ignore_index=IGNORE_INDEX))
+    except (RuntimeError, ValueError, IndexError):
+        return False
+    return abs(ce - loss) <= 1e-3 * max(1.0, abs(loss))
+
+
+def set_reference(run: ProbeRun, start: float, targets: Tensor | None, output: Tensor | None, *,
+                  task: str, num_classes: int | None, tolerance: float) -> None:
+    """Fill ``run``'s chance level, near-zero target and probability floor from the first step.
+
+    Args:
+        run: the probe's record (its ``chance``, ``chance_text``, ``target``, ``targets``,
+            ``class_dim`` and ``floor`` are set).
+        start: the first step's loss.
+        targets: the probed batch's targets, if found.
+        output: the model's last output at the first step, if captured.
+        task: the task (``"auto"`` infers it from ``output`` and ``targets``).
+        num_classes: the class count, if given.
+        tolerance: "near zero" is this fraction of the chance level (or of ``start``).
+    """
+    if task == "auto":
+        inferred = infer_task(output, targets)
+        task, inferred_classes = inferred if inferred is not None else ("", None)
+        num_classes = num_classes or inferred_classes
+    chance = None
+    try:
+        if task in ("multiclass", "sequence", "binary") or (task == "regression"
+                                                             and targets is not None):
+            level = chance_level(task, num_classes=num_classes, targets=targets)
+            chance, run.chance_text = level.value, level.describe()
+    except ValueError:
+        chance = None
+    run.chance = chance
+    # the regression loss is unknown (MSE scales with the variance, L1 with the spread):
+    # measure "near zero" against the smaller of the start and the variance
+    reference = min(chance, start) if task == "regression" and chance is not None \
+        and start > 0 else chance
+    run.target = near_zero_target(start, reference, tolerance)
+    if output is not None and targets is not None and task in ("multiclass", "sequence"):
+        class_dim = -1 if tuple(output.shape[:-1]) == tuple(targets.shape) else 1
+        run.targets, run.class_dim = targets, class_dim
+        floor = probability_floor(output, class_dim)
+        if floor is not None and matches_cross_entropy(output, targets, class_dim, start):
+            run.floor = floor
+
+
+def skipped_verdict(why: str) -> Verdict:
+    """``overfit.skipped``: the probe did not run (or stopped before it could be judged)."""
+    return Verdict("overfit.skipped", 0, f"The overfit-one-batch probe was skipped: {why}.")
+
+
+def _numeric_causes(run: ProbeRun, verdict: OverfitVerdict) -> list[str]:
+    causes: list[str] = []
+    if verdict.reason == "nonfinite":
+        bad = next(i for i, v in enumerate(run.losses) if not math.isfinite(v))
+        causes.append(f"the loss became {run.losses[bad]} at probe step {bad}: unstable "
+                      "numerics or a learning rate too high (see `numerics.nonfinite_forward`"
+                      ", `numerics.nonfinite_loss`, `curve.diverging`)")
+    if run.floor is not None and verdict.reason in ("floor", "plateau", "max_steps"):
+        causes.append(
+            f"loss bounded away from zero: the model's outputs are probabilities (in [0, 1], "
+            f"summing to 1) and the loss is cross-entropy over them, which applies its own "
+            f"softmax and cannot go below {run.floor:.3f}; remove the softmax in the model "
+            "and pass logits to `F.cross_entropy` (or use `F.nll_loss(torch.log(p), y)`; see "
+            "`overfit.loss_on_probabilities`)")
+    return causes
+
+
+def _wiring_causes(run: ProbeRun) -> list[str]:
+    causes: list[str] = []
+    if run.no_grad:
+        causes.append(f"broken gradient path: {describe_groups(run.no_grad)} got no "
+                      "gradient (see `wiring.no_grad_params`)")
+    if run.outside_optimizer:
+        causes.append(f"parameters missing from the optimizer: "
+                      f"{describe_groups(run.outside_optimizer)} are in no param group (see "
+                      "`wiring.params_not_in_optimizer`)")
+    if run.frozen:
+        causes.append(f"frozen layers: {describe_groups(run.frozen)} have "
+                      "`requires_grad=False` (see `wiring.frozen_params`)")
+    return causes
+
+
+def overfit_causes(run: ProbeRun, verdict: OverfitVerdict) -> list[str]:
+    """The likely causes of a failed probe, most likely first (never empty for a failure).
+
+    Example:
+        >>> v = judge_curve([2.3] * 10, target=0.115, steps_allowed=300)
+        >>> overfit_causes(ProbeRun(losses=[2.3] * 10), v)[0][:24]
+        'the loss never moved: a '
+    """
+    causes = _numeric_causes(run, verdict) + _wiring_causes(run)
+    if verdict.reason == "rising":
+        causes.append(f"the loss rose ({verdict.start:.4g} -> {verdict.final:.4g}): the "
+                      f"learning rate of {run.optimizer} is too high for this model (see "
+                      "`curve.lr_too_high`, `curve.diverging`)")
+    if verdict.reason == "flat":
+        causes.append("the loss never moved: a learning rate of 0, or an output that does "
+                      "not depend on the parameters (see `grad.update_ratio`, "
+                      "`curve.not_learning`)")
+    if verdict.reason == "max_steps" and not causes:
+        causes.append(
+            f"slow progress: the loss fell only from {verdict.start:.4g} to "
+            f"{verdict.best:.4g} in {verdict.steps} steps with {run.optimizer} (a learning "
+            "rate too low for the probe (see `curve.lr_too_low`), vanishing gradients (see "
+            "`grad.vanishing`), a model too small or too constrained, or a loss with a "
+            "floor); raise `max_steps`/`overfit_steps` to tell them apart")
+    if not causes and verdict.reason in ("plateau", "floor"):
+        causes.append(
+            f"loss bounded away from zero: it stopped at {verdict.best:.4g} with gradients "
+            "reaching every parameter (a softmax/sigmoid before a loss that applies its own, "
+            "label smoothing or a regularization term in the loss, targets that contradict "
+            "each other, or a model too small or too constrained; see `structure.batch_mixing`, "
+            "`structure.shape_mismatch`, `grad.vanishing`)")
+    return causes
+
+
+def _failed(run: ProbeRun, causes: list[str], evidence: dict[str, Any], cost: str, opt_text: str,
+            target_text: str = "") -> tuple[str, Verdict]:
+    losses = run.losses
+    best, final = min(losses), losses[-1]
+    evidence["causes"] = causes
+    evidence["no_grad_modules"] = [g.module for g in run.no_grad]
+    evidence["frozen_modules"] = [g.module for g in run.frozen]
+    detail = (f"failed: loss {losses[0]:.4g} -> best {best:.4g} on {run.examples} "
+              f"examples ({cost}, {opt_text})")
+    target = f", target {target_text}" if target_text else ""
+    return detail, Verdict(
+        "overfit.failed", 0,
+        f"Could not overfit {run.examples} examples of the first batch: loss "
+        f"{losses[0]:.4g} -> best {best:.4g}, last {final:.4g} after {len(losses)} steps "
+        f"({run.seconds:.2f} s, {opt_text}{target}). Likely cause: {causes[0]}."
+        + (f" Also: {'; '.join(causes[1:])}." if len(causes) > 1 else ""),
+        evidence=evidence,
+    )
+
+
+def _unfinished(run: ProbeRun, *, min_steps: int, time_budget: float) -> str | None:
+    """Why a run that stopped before it could be judged was skipped, or ``None``."""
+    if run.stopped == "error":
+        return (f"the model's code raised {run.error} on the probe's "
+                f"{run.examples} examples ({run.calls} `training_step` call(s) on "
+                f"{'a copy of the model' if run.isolation == 'copy' else 'the model'})"
+                "; the real step runs on the full batch and raises it if it recurs")
+    if run.stopped == "no_loss":
+        return "`training_step` returned no scalar loss on the probe batch"
+    if run.stopped == "budget":
+        return (f"one probe step takes {run.step_seconds:.3g} s, so {min_steps} "
+                f"steps would exceed the {time_budget:g} s budget (raise `time_budget`/"
+                f"`overfit_budget`, or lower `batch_size`)")
+    return None
+
+
+def _judged(run: ProbeRun, verdict: OverfitVerdict, evidence: dict[str, Any], *, cost: str,
+            opt_text: str, target_text: str) -> ProbeConclusion:
+    """The conclusion for a run whose curve was judged (not detached)."""
+    n = len(run.losses)
+    if verdict.verdict == "passed" and verdict.reason == "memorized_floor":
+        return ProbeConclusion(True, (
+            f"passed: every probed example predicted right; loss {verdict.start:.4g}"
+            f" -> {verdict.best:.4g}, a floor ({cost}, {opt_text})"), [Verdict(
+                "overfit.passed", 0,
+                f"Memorized {run.examples} examples of the first batch: every one is predicted "
+                f"right after {n} steps ({run.seconds:.2f} s, {opt_text}), and the loss "
+                f"settled on a plateau at {verdict.best:.4g} (from {verdict.start:.4g}), above the "
+                f"target {target_text}: the loss has a floor (label smoothing, a regularization "
+                "term), which is not a failure to learn.",
+                evidence=evidence)])
+    if verdict.verdict == "passed":
+        return ProbeConclusion(True, (
+            f"passed: loss {verdict.start:.4g} -> {verdict.best:.4g} on "
+            f"{run.examples} examples ({cost}, {opt_text})"), [Verdict(
+                "overfit.passed", 0,
+                f"Memorized {run.examples} examples of the first batch in {n} steps "
+                f"({run.seconds:.2f} s, {opt_text}): loss {verdict.start:.4g} -> "
+                f"{verdict.best:.4g}, below the target {target_text}.",
+                evidence=evidence)])
+    if verdict.verdict == "inconclusive":
+        why = "the time budget ran out" if run.stopped == "time" else "the steps ran out"
+        return ProbeConclusion(False, (
+            f"inconclusive: loss {verdict.start:.4g} -> {verdict.best:.4g}, still "
+            f"falling when {why} ({cost}, {opt_text})"), [Verdict(
+                "overfit.inconclusive", 0,
+                f"The loss on {run.examples} examples fell from {verdict.start:.4g} to "
+                f"{verdict.best:.4g} in {n} steps ({run.seconds:.2f} s, {opt_text}) "
+                f"and was still falling when {why}, above the target {target_text}.",
+                evidence=evidence)])
+    detail, failed = _failed(run, overfit_causes(run, verdict), evidence, cost, opt_text,
+                             target_text)
+    return ProbeConclusion(True, detail, [failed])
+
+
+def conclude_probe(run: ProbeRun, *, tolerance: float, max_steps: int, min_steps: int,
+                   time_budget: float) -> ProbeConclusion:
+    """The check's status, detail and verdicts for a finished probe.
+
+    Args:
+        run: what the probe saw.
+        tolerance: the check's ``tolerance`` (named in the target's description).
+        max_steps: the probe's step limit (a curve that used it up without progress fails).
+        min_steps: the check's ``min_steps`` (named when the budget skipped the probe).
+        time_budget: the check's ``time_budget`` in seconds.
+    """
+    losses = run.losses
+    curve = [[float(i), v] for i, v in enumerate(losses)][::max(1, len(losses) //
+                                                                MAX_CURVE_POINTS + 1)]
+    cost = f"{len(losses)} steps, {run.seconds:.2f} s, {run.calls} `training_step` calls"
+    why = _unfinished(run, min_steps=min_steps, time_budget=time_budget)
+    if why is not None:
+        detail = f"skipped: {why}" + (f" ({cost})" if run.stopped == "budget" else "")
+        return ProbeConclusion(False, detail, [skipped_verdict(why)], curve=curve)
+    evidence: dict[str, Any] = {
+        "examples": run.examples, "steps": len(losses), "seconds": round(run.seconds, 4),
+        "optimizer": run.optimizer, "target": run.target, "chance": run.chance,
+        "curve": curve, "start": losses[0] if losses else None,
+        "tolerance": tolerance, "training_step_calls": run.calls,
+        "isolation": run.isolation,
+    }
+    if run.fallback:
+        evidence["optimizer_fallback"] = run.fallback
+    opt_text = run.optimizer + (f" ({run.fallback})" if run.fallback else "")
+    if run.detached:
+        outcome = OverfitVerdict("failed", "detached", losses[0], losses[0], losses[0], 1,
+                                 run.target)
+        causes = ["loss not connected: the loss returned by `training_step` has no "
+                  "`grad_fn`, so nothing can be trained (see `wiring.loss_detached`)"]
+        detail, failed = _failed(run, causes, evidence, cost, opt_text)
+        return ProbeConclusion(True, detail, [failed], outcome, curve)
+    verdict = judge_memorization(judge_curve(losses, run.target, max_steps, floor=run.floor),
+                                 run.all_right)
+    evidence.update(best=verdict.best, final=verdict.final, reason=verdict.reason,
+                    floor=run.floor, all_predictions_right=run.all_right)
+    target_text = (f"{run.target:.3g} ({tolerance:g}x chance {run.chance_text})"
+                   if run.chance else f"{run.target:.3g} ({tolerance:g}x the start)")
+    floor: list[Verdict] = []
+    if run.floor is not None:
+        floor.append(Verdict(
+            "overfit.loss_on_probabilities", 0,
+            f"The model's outputs on the probed batch are already probabilities (in [0, 1], "
+            f"summing to 1 over the classes) and the step-0 loss equals `F.cross_entropy` "
+            f"of them taken as logits: the loss applies its own log-softmax and cannot go "
+            f"below {run.floor:.3f} (the probe's best: {verdict.best:.4g}); its gradients "
+            "are squashed too.",
+            evidence={"floor": run.floor, "best": verdict.best, "start": verdict.start}))
+    out = _judged(run, verdict, evidence, cost=cost, opt_text=opt_text, target_text=target_text)
+    return ProbeConclusion(out.ran, out.detail, floor + out.verdicts, verdict, curve)
+
+
+__all__ = [
+    "MAX_CURVE_POINTS",
+    "ProbeConclusion",
+    "ProbeRun",
+    "conclude_probe",
+    "matches_cross_entropy",
+    "overfit_causes",
+    "set_reference",
+    "skipped_verdict",
+]
