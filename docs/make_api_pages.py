@@ -30,7 +30,10 @@ The `Finding` model, the registry of public codes (`CODES`) and the protocol's s
 FUNCTIONAL_HEAD = """# Functional core
 
 `lightning_triage.functional`: pure functions over tensors and numbers, with no `Trainer`.
-Use them from a plain PyTorch loop; the callbacks call them.
+Use them from a plain PyTorch loop; the callbacks call them. Each stage's rules return a
+`Verdict` (code, step, message with the run's numbers); they live beside the statistics they
+read: `functional.data.rules`, `functional.structure_rules`, `functional.overfit_verdicts`,
+`functional.numerics`, `functional.curve`, `functional.gradients`.
 """
 
 REPORT_EXTRA = ["lightning_triage.findings.sort_findings", "lightning_triage.findings.start_here",

@@ -8,8 +8,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_triage.callbacks._compat import StepCounter as StepCounter  # re-exported
-from lightning_triage.callbacks._compat import step_counter as step_counter  # re-exported
 from lightning_triage.findings import Finding
 
 

@@ -13,8 +13,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_triage.callbacks._compat import grad_scaler
-from lightning_triage.callbacks._monitor import StepCounter, step_counter
+from lightning_triage.callbacks._compat import StepCounter, grad_scaler, step_counter
 from lightning_triage.callbacks._nonfinite_replay import replay_step
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded

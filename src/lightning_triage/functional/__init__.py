@@ -17,6 +17,7 @@ from lightning_triage.functional.chance import (
     regression_chance,
     sequence_chance,
 )
+from lightning_triage.functional.collection import map_tensors
 from lightning_triage.functional.curve import (
     CurveThresholds,
     classify_curve,
@@ -156,6 +157,7 @@ __all__ = [
     "label_signal",
     "localize_nonfinite",
     "locate_batch",
+    "map_tensors",
     "max_abs",
     "mode_sensitive_in_training",
     "multiclass_chance",

@@ -139,8 +139,7 @@ def localized_verdict(run: Localization, root: nn.Module, *, step: int,
             "numerics.nonfinite_loss", step,
             f"step {step}: every module output was finite{tail}, but the loss was "
             f"{run.loss}: the loss computation in `training_step` produced it (e.g. "
-            f"`log(softmax(z))` underflowing to `log(0)`). Use `F.cross_entropy` on logits or "
-            f"`log_softmax`.{fp32}",
+            f"`log(softmax(z))` underflowing to `log(0)`).{fp32}",
             evidence=evidence,
         )
     if run.kind == "backward" and run.backward is not None:

@@ -23,6 +23,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from lightning_triage.functional.collection import map_tensors
+
 
 def batch_size_of(batch: Any) -> int | None:
     """The size of dim 0 of the first tensor found in ``batch`` (any nesting), or ``None``.
@@ -68,25 +70,12 @@ def slice_batch(batch: Any, n: int, size: int | None = None) -> Any:
     size = batch_size_of(batch) if size is None else size
     if size is None:
         return batch
-    if isinstance(batch, Tensor):
-        if batch.ndim > 0 and batch.shape[0] == size:
-            return batch[:n].clone()
-        return batch
-    if isinstance(batch, Mapping):
-        items = {k: slice_batch(v, n, size) for k, v in batch.items()}
-        try:
-            return type(batch)(items)  # type: ignore[call-arg]
-        except TypeError:
-            return items
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        changes = {f.name: slice_batch(getattr(batch, f.name), n, size)
-                   for f in dataclasses.fields(batch) if f.init}
-        return dataclasses.replace(batch, **changes)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(slice_batch(v, n, size) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(slice_batch(v, n, size) for v in batch)
-    return batch
+    cut = size
+
+    def first(t: Tensor) -> Tensor:
+        return t[:n].clone() if t.ndim > 0 and t.shape[0] == cut else t
+
+    return map_tensors(first, batch)
 
 
 def probability_floor(output: Tensor, class_dim: int = -1, atol: float = 1e-3) -> float | None:
