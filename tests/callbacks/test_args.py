@@ -163,3 +163,22 @@ def test_two_instances_of_a_check_share_a_trainer_and_resume_their_own_state(
     assert (short2.extra_state()["window_n"], long2.extra_state()["window_n"]) == windows
     assert long2.findings[:len(long.findings)] == long.findings
     assert not {f.code for f in short2.findings} & {f.code for f in long.findings}
+
+
+@pytest.mark.parametrize("causal", [True, None, False])
+def test_triage_causal_means_what_it_means_in_structure_probe(causal: bool | None) -> None:
+    probe = Triage(causal=causal).check("StructureProbe")
+    assert isinstance(probe, StructureProbe) and probe.causal is causal
+
+
+def test_triage_passes_the_batch_keys_to_every_check_that_reads_the_batch() -> None:
+    def inputs(batch: Any) -> Any:
+        return batch["x"]
+
+    triage = Triage(input_key=inputs, target_key="y")
+    readers = [c for c in triage.checks if "input_key" in inspect.signature(type(c)).parameters]
+    assert {type(c).__name__ for c in readers} == {
+        "BatchInspector", "WorstErrors", "InitialLossCheck", "OverfitBatchCheck", "StructureProbe",
+        "PaddingProbe", "LossCurveMonitor", "NonFiniteTracer"}
+    for check in readers:
+        assert (check.input_key, check.target_key) == (inputs, "y"), type(check).__name__
