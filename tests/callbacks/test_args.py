@@ -116,12 +116,12 @@ def test_the_error_pickles_and_the_messages_read_well() -> None:
     assert (str(err), err.argument, err.value) == ("`k` must be 1, got 0.", "k", 0)
     with pytest.raises(TriageConfigError, match=r"must be a number of seconds > 0, got -1\."):
         check_number("time_budget", -1, 0, unit="seconds")
-    with pytest.raises(TriageConfigError, match=r"must be a number in \(0, 1\], got nan\."):
+    with pytest.raises(TriageConfigError, match=r"must be in \(0, 1\], got nan\."):
         check_number("fraction", float("nan"), 0, 1, high_open=False)
     with aliases(fraction="my_fraction"), pytest.raises(TriageConfigError, match=r"^`my_fraction`"):
         check_number("fraction", 2, 0, 1)
-    with pytest.raises(TriageConfigError, match=r"`num_classes` must be an integer >= 2 with "
-                                                r"`task='multiclass'`, got None\."):
+    with pytest.raises(TriageConfigError, match=r"`num_classes` is required with "
+                                                r"task='multiclass' \(an integer >= 2\), got None\."):
         InitialLossCheck(task="multiclass")
 
 

@@ -66,8 +66,9 @@ def check_int(name: str, value: Any, low: int | None = None, high: int | None = 
 
 def check_number(name: str, value: Any, low: float | None = None, high: float | None = None, *,
                  low_open: bool = True, high_open: bool = True, unit: str = "") -> None:
-    """``value`` is a real number (not a bool) between ``low`` and ``high`` (open bounds unless
-    told), e.g. ``check_number("tolerance", t, 0, 1)`` for (0, 1)."""
+    """``value`` is a real number (not a bool, not NaN) between ``low`` and ``high`` (open
+    bounds unless told), e.g. ``check_number("tolerance", t, 0, 1)`` for (0, 1): "`tolerance`
+    must be in (0, 1), got 1.0."."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
     if ok and low is not None:
         ok = value > low if low_open else value >= low
@@ -75,15 +76,15 @@ def check_number(name: str, value: Any, low: float | None = None, high: float | 
         ok = value < high if high_open else value <= high
     if ok:
         return
-    what = f"a number of {unit}" if unit else "a number"
+    what = f"a number of {unit} " if unit else ""
     if low is not None and high is not None:
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-        raise fail(name, value, f"{what} in {interval}")
+        raise fail(name, value, f"{what}in {interval}")
     if low is not None:
-        raise fail(name, value, f"{what} {'>' if low_open else '>='} {low:g}")
+        raise fail(name, value, f"{what}{'>' if low_open else '>='} {low:g}")
     if high is not None:
-        raise fail(name, value, f"{what} {'<' if high_open else '<='} {high:g}")
-    raise fail(name, value, what)
+        raise fail(name, value, f"{what}{'<' if high_open else '<='} {high:g}")
+    raise fail(name, value, what.strip() or "a number")
 
 
 def check_choice(name: str, value: Any, choices: Collection[Any]) -> None:

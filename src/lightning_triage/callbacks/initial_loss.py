@@ -11,8 +11,9 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_batch_key, check_choice, check_int, check_number, fail
+from lightning_triage.callbacks._args import arg, check_batch_key, check_choice, check_int, check_number
 from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.errors import TriageConfigError
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import (
     IGNORE_INDEX,
@@ -35,7 +36,9 @@ def validate_task(task: str, num_classes: int | None) -> None:
     check_choice("task", task, TASKS)
     check_int("num_classes", num_classes, 2, optional=True)
     if task in ("multiclass", "sequence") and num_classes is None:
-        raise fail("num_classes", num_classes, f"an integer >= 2 with `task={task!r}`")
+        shown = arg("num_classes")
+        raise TriageConfigError(f"`{shown}` is required with task={task!r} (an integer >= 2), "
+                                f"got None.", argument=shown, value=None)
 
 
 def loss_from_outputs(outputs: STEP_OUTPUT, pl_module: pl.LightningModule,
