@@ -44,7 +44,7 @@ def main() -> int:
             pl.seed_everything(seed, verbose=False)
             model, train, val, kwargs = HEALTHY[name](seed)
             root = Path(tempfile.mkdtemp(prefix="triage-calib-"))
-            triage = Triage(report_dir=root, verbose=False, overfit_budget=60.0)
+            triage = Triage(report_dir=root, verbose=False, overfit_time_budget=60.0)
             trainer = pl.Trainer(callbacks=[triage], logger=False, enable_checkpointing=False,
                                  enable_progress_bar=False, enable_model_summary=False,
                                  default_root_dir=root, accelerator="cpu", **kwargs)

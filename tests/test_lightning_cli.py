@@ -15,7 +15,7 @@ pytest.importorskip("jsonargparse")
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
-from lightning_triage import TriageGateError
+from lightning_triage import GradientMonitor, OverfitBatchCheck, Triage, TriageGateError
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,3 +89,27 @@ def test_shipped_config_passes_a_healthy_run(tmp_path: Path, monkeypatch: pytest
     run_cli(tmp_path, (ROOT / "configs" / "triage.yaml").read_text())
     report = json.loads((tmp_path / "runs" / "triage" / "triage_report.json").read_text())
     assert not [f for f in report["findings"] if f["severity"] == "error"]
+
+
+def test_keyword_only_arguments_and_their_names_from_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("""
+trainer:
+  callbacks:
+    - class_path: lightning_triage.Triage
+      init_args: {overfit_max_steps: 40, overfit_time_budget: 30.0, causal: null,
+                  numerics_check_every_n_steps: 25, input_key: 0, target_key: 1}
+    - class_path: lightning_triage.GradientMonitor
+      init_args: {window_steps: 50, flush_every_n_steps: 20, ratio_every_n_steps: 5}
+""")
+    cli = LightningCLI(CLIDigits, DigitsData, run=False, save_config_callback=None, args=[
+        f"--config={path}", f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false",
+        "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false"])
+    [triage] = [cb for cb in cli.trainer.callbacks if isinstance(cb, Triage)]
+    [monitor] = [cb for cb in cli.trainer.callbacks if isinstance(cb, GradientMonitor)]
+    overfit = triage.check("OverfitBatchCheck")
+    assert isinstance(overfit, OverfitBatchCheck)
+    assert (overfit.max_steps, overfit.time_budget, overfit.target_key) == (40, 30.0, 1)
+    assert triage.check("StructureProbe").causal is None  # type: ignore[attr-defined]
+    assert (monitor.flush_every_n_steps, monitor.ratio_every_n_steps) == (20, 5)
+    assert monitor.state_key == "GradientMonitor{'window_steps': 50}"

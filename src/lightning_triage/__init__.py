@@ -21,6 +21,7 @@ from lightning_triage.callbacks import (
     TriageReport,
     WorstErrors,
 )
+from lightning_triage.errors import TriageConfigError
 from lightning_triage.findings import (
     CODES,
     STAGES,
@@ -46,6 +47,7 @@ __all__ = [
     "StructureProbe",
     "Triage",
     "TriageCallback",
+    "TriageConfigError",
     "TriageGateError",
     "TriageReport",
     "WorstErrors",

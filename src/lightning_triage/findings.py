@@ -144,7 +144,7 @@ _SPECS: tuple[CodeSpec, ...] = (
           "The model, loss and optimizer can learn; look at data and curves for the rest."),
     _spec("overfit.inconclusive", "info", "Overfit probe inconclusive",
           "The loss was still falling when the probe's steps or time ran out: raise "
-          "`overfit_steps`/`max_steps` or `overfit_budget`/`time_budget` to decide."),
+          "`overfit_max_steps`/`max_steps` or `overfit_time_budget`/`time_budget` to decide."),
     _spec("overfit.skipped", "info", "Overfit probe skipped",
           "The detail says why (manual optimization, time budget, no loss); see the check's "
           "arguments to enable it."),

@@ -116,7 +116,7 @@ def test_relu_units_pushed_below_zero_are_dead(tmp_path: Path) -> None:
 
 
 def test_lr_zero_update_ratio_far_below(tmp_path: Path) -> None:
-    cb = GradientMonitor(window_epochs=1, window_steps=20, ratio_every=2, strict=True)
+    cb = GradientMonitor(window_epochs=1, window_steps=20, ratio_every_n_steps=2, strict=True)
     fit(tmp_path, DigitsMLP(lr=0.0), [cb])
     assert gcodes(cb) == ["grad.update_ratio"]
     assert cb.findings[0].evidence["direction"] == "below"
@@ -169,8 +169,8 @@ def test_recurrent_lm_explodes_after_the_window_grad_spike_first(tmp_path: Path,
     spike comes first, the loss spike at the next steps."""
     pl.seed_everything(seed, verbose=False)
     x, y = lag_language(n=1024, seed=seed)
-    loss_cb = LossCurveMonitor(window_epochs=0, window_steps=60, flush_every=20, strict=True)
-    grad_cb = GradientMonitor(window_epochs=0, window_steps=60, flush_every=20, strict=True)
+    loss_cb = LossCurveMonitor(window_epochs=0, window_steps=60, flush_every_n_steps=20, strict=True)
+    grad_cb = GradientMonitor(window_epochs=0, window_steps=60, flush_every_n_steps=20, strict=True)
     trainer = make_trainer(tmp_path, [loss_cb, grad_cb], max_steps=200, max_epochs=-1,
                            limit_train_batches=None, limit_val_batches=0)
     trainer.fit(RecurrentLM(lr=1.0, spike_step=160, spike=300.0),
@@ -214,7 +214,7 @@ class BadBatchMLP(DigitsMLP):
 
 @pytest.mark.parametrize("on_spike", ["warn", "skip"])
 def test_skip_action_zeroes_the_spiking_update(tmp_path: Path, on_spike: str) -> None:
-    cb = GradientMonitor(window_epochs=0, window_steps=30, flush_every=10, on_spike=on_spike,
+    cb = GradientMonitor(window_epochs=0, window_steps=30, flush_every_n_steps=10, on_spike=on_spike,
                          strict=True)
     model = BadBatchMLP(bad_step=50, lr=0.1)
     fit(tmp_path, model, [cb], max_epochs=5)
@@ -235,12 +235,12 @@ def test_skip_action_zeroes_the_spiking_update(tmp_path: Path, on_spike: str) ->
 
 
 def test_state_round_trip_keeps_the_watch_baseline(tmp_path: Path) -> None:
-    cb = GradientMonitor(window_epochs=0, window_steps=10, flush_every=5, strict=True)
+    cb = GradientMonitor(window_epochs=0, window_steps=10, flush_every_n_steps=5, strict=True)
     trainer = fit(tmp_path, DigitsMLP(lr=0.1), [cb])
     ckpt = tmp_path / "g.ckpt"
     trainer.save_checkpoint(ckpt)
     state = torch.load(ckpt, weights_only=False)["callbacks"][cb.state_key]
-    resumed = GradientMonitor(window_epochs=0, window_steps=10, flush_every=5, strict=True)
+    resumed = GradientMonitor(window_epochs=0, window_steps=10, flush_every_n_steps=5, strict=True)
     resumed.load_state_dict(state)
     assert resumed.window_closed
     assert resumed.watcher.level == cb.watcher.level
@@ -249,11 +249,11 @@ def test_state_round_trip_keeps_the_watch_baseline(tmp_path: Path) -> None:
 
 
 def test_resumed_fit_continues_the_watch(tmp_path: Path) -> None:
-    cb = GradientMonitor(window_epochs=0, window_steps=10, flush_every=5, strict=True)
+    cb = GradientMonitor(window_epochs=0, window_steps=10, flush_every_n_steps=5, strict=True)
     trainer = fit(tmp_path, DigitsMLP(lr=0.1), [cb])
     ckpt = tmp_path / "g.ckpt"
     trainer.save_checkpoint(ckpt)
-    resumed = GradientMonitor(window_epochs=0, window_steps=10, flush_every=5, strict=True)
+    resumed = GradientMonitor(window_epochs=0, window_steps=10, flush_every_n_steps=5, strict=True)
     pl.seed_everything(0, verbose=False)
     train, _ = digits_loaders()
     trainer2 = make_trainer(tmp_path, [resumed], limit_train_batches=15, max_epochs=3,
@@ -266,7 +266,7 @@ def test_resumed_fit_continues_the_watch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [
-    ({"on_spike": "stop"}, "on_spike"), ({"ratio_every": 0}, "ratio_every"),
+    ({"on_spike": "stop"}, "on_spike"), ({"ratio_every_n_steps": 0}, "ratio_every_n_steps"),
     ({"window_steps": 0}, "window_steps"), ({"watch": 1}, "watch")])
 def test_invalid_arguments_name_the_argument(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=f"`{name}`"):
@@ -292,8 +292,8 @@ class ManualTwoSteps(DigitsMLP):
 
 
 def test_manual_optimization_two_steps_per_batch(tmp_path: Path) -> None:
-    grad_cb = GradientMonitor(window_epochs=0, window_steps=10, flush_every=7, strict=True)
-    loss_cb = LossCurveMonitor(window_epochs=0, window_steps=25, flush_every=7, strict=True)
+    grad_cb = GradientMonitor(window_epochs=0, window_steps=10, flush_every_n_steps=7, strict=True)
+    loss_cb = LossCurveMonitor(window_epochs=0, window_steps=25, flush_every_n_steps=7, strict=True)
     fit(tmp_path, ManualTwoSteps(), [grad_cb, loss_cb])
     assert len(grad_cb.series()["grad_norm"]) == 60  # 2 optimizer steps x 15 batches x 2 epochs
     assert grad_cb.findings == []

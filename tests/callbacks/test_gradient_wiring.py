@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_triage import GradientWiringCheck, Triage
+from lightning_triage import GradientWiringCheck, Triage, TriageConfigError
 from tests.helpers import make_trainer, stage_codes
 from tests.probe_models import (
     Classifier,
@@ -146,7 +146,7 @@ def test_state_round_trip_does_not_rerun(tmp_path: Path) -> None:
 
 
 def test_arguments_are_validated() -> None:
-    with pytest.raises(TypeError, match="check_optimizer"):
+    with pytest.raises(TriageConfigError, match="check_optimizer"):
         GradientWiringCheck(check_optimizer="yes")  # type: ignore[arg-type]
 
 

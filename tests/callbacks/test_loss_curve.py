@@ -164,8 +164,8 @@ def test_accumulation_rescales_the_loss(tmp_path: Path) -> None:
 
 def test_corrupted_late_batch_is_a_loss_spike_after_the_window(tmp_path: Path) -> None:
     logger = MemoryLogger()
-    loss_cb = LossCurveMonitor(window_epochs=1, window_steps=40, flush_every=10, strict=True)
-    grad_cb = GradientMonitor(window_epochs=1, window_steps=40, flush_every=10, strict=True)
+    loss_cb = LossCurveMonitor(window_epochs=1, window_steps=40, flush_every_n_steps=10, strict=True)
+    grad_cb = GradientMonitor(window_epochs=1, window_steps=40, flush_every_n_steps=10, strict=True)
     fit(tmp_path, CorruptedBatchMLP(bad_step=137, lr=0.1), [loss_cb, grad_cb], max_epochs=8,
         logger=logger, log_every_n_steps=10)
     spikes = [f for f in loss_cb.findings if f.code == "curve.loss_spike"]
@@ -192,8 +192,8 @@ def test_corrupted_late_batch_is_a_loss_spike_after_the_window(tmp_path: Path) -
 def test_healthy_schedules_stay_silent_for_the_whole_run(tmp_path: Path, schedule: str,
                                                          seed: int) -> None:
     pl.seed_everything(seed, verbose=False)
-    loss_cb = LossCurveMonitor(window_epochs=1, window_steps=40, flush_every=25, strict=True)
-    grad_cb = GradientMonitor(window_epochs=1, window_steps=40, flush_every=25, strict=True)
+    loss_cb = LossCurveMonitor(window_epochs=1, window_steps=40, flush_every_n_steps=25, strict=True)
+    grad_cb = GradientMonitor(window_epochs=1, window_steps=40, flush_every_n_steps=25, strict=True)
     fit(tmp_path, ScheduledMLP(schedule, total_steps=240, lr=0.05), [loss_cb, grad_cb],
         max_epochs=6, limit_train_batches=40, seed=seed)
     assert curve_codes(loss_cb) == ["curve.healthy"]
@@ -214,13 +214,13 @@ def test_noisy_small_batches_stay_silent_for_the_whole_run(tmp_path: Path, seed:
 
 
 def test_resume_keeps_the_baseline(tmp_path: Path) -> None:
-    cb = LossCurveMonitor(window_epochs=1, window_steps=20, flush_every=5, strict=True)
+    cb = LossCurveMonitor(window_epochs=1, window_steps=20, flush_every_n_steps=5, strict=True)
     trainer = fit(tmp_path, DigitsMLP(lr=0.1), [cb], max_epochs=2)
     ckpt = tmp_path / "a.ckpt"
     trainer.save_checkpoint(ckpt)
     assert cb.watcher is not None
     level, step = cb.watcher.level, cb.watcher.step
-    resumed = LossCurveMonitor(window_epochs=1, window_steps=20, flush_every=5, strict=True)
+    resumed = LossCurveMonitor(window_epochs=1, window_steps=20, flush_every_n_steps=5, strict=True)
     resumed.load_state_dict(torch.load(ckpt, weights_only=False)["callbacks"][cb.state_key])
     assert resumed.window_closed
     assert resumed.watcher is not None
@@ -239,14 +239,14 @@ def test_zero_interference_weights_bit_identical(tmp_path: Path) -> None:
 
     bare = run([])
     watched = run([LossCurveMonitor(window_epochs=1, window_steps=10, strict=True),
-                   GradientMonitor(window_epochs=1, window_steps=10, ratio_every=2,
+                   GradientMonitor(window_epochs=1, window_steps=10, ratio_every_n_steps=2,
                                    strict=True)])
     assert all(torch.equal(bare[k], watched[k]) for k in bare)
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [
     ({"window_steps": 0}, "window_steps"), ({"window_epochs": -1}, "window_epochs"),
-    ({"max_window_steps": 5}, "max_window_steps"), ({"flush_every": 0}, "flush_every"),
+    ({"max_window_steps": 5}, "max_window_steps"), ({"flush_every_n_steps": 0}, "flush_every_n_steps"),
     ({"watch": "yes"}, "watch"), ({"task": "nope"}, "task")])
 def test_invalid_arguments_name_the_argument(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=f"`{name}`"):
@@ -263,8 +263,8 @@ class SuddenNaNMLP(DigitsMLP):
 
 
 def test_nan_out_of_the_blue_is_left_to_the_numerics_stage(tmp_path: Path) -> None:
-    loss_cb = LossCurveMonitor(window_epochs=1, window_steps=40, flush_every=10, strict=True)
-    grad_cb = GradientMonitor(window_epochs=1, window_steps=40, flush_every=10, strict=True)
+    loss_cb = LossCurveMonitor(window_epochs=1, window_steps=40, flush_every_n_steps=10, strict=True)
+    grad_cb = GradientMonitor(window_epochs=1, window_steps=40, flush_every_n_steps=10, strict=True)
     fit(tmp_path, SuddenNaNMLP(lr=0.1), [loss_cb, grad_cb], max_epochs=5)
     assert "curve.diverging" not in curve_codes(loss_cb)
     assert "grad.exploding" not in [f.code for f in grad_cb.findings]

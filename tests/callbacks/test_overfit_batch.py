@@ -212,7 +212,7 @@ def test_zero_interference_bit_identical(tmp_path: Path, make: Any) -> None:
     # nothing from the probe was logged and the module's own records were restored
     assert probed.log_calls == bare.log_calls == 2 * 6 + 2 * 1
     assert probed.seen_batches == bare.seen_batches
-    triage = Triage(report_dir=tmp_path / "r", strict=True, verbose=False, overfit_steps=50)
+    triage = Triage(report_dir=tmp_path / "r", strict=True, verbose=False, overfit_max_steps=50)
     bundled = _seeded_fit(tmp_path / "triage", make, [triage])
     c = _weights(bundled)
     for key in a:
@@ -271,13 +271,13 @@ def test_arguments_are_validated() -> None:
 
 
 def test_triage_arguments_are_validated_and_forwarded() -> None:
-    with pytest.raises(ValueError, match="`overfit_steps`"):
-        Triage(overfit_steps=1)
-    with pytest.raises(ValueError, match="`overfit_budget`"):
-        Triage(overfit_budget=-1.0)
+    with pytest.raises(ValueError, match="`overfit_max_steps`"):
+        Triage(overfit_max_steps=1)
+    with pytest.raises(ValueError, match="`overfit_time_budget`"):
+        Triage(overfit_time_budget=-1.0)
     with pytest.raises(ValueError, match="`overfit_batch_size`"):
         Triage(overfit_batch_size=0)
-    triage = Triage(overfit_batch_size=4, overfit_steps=20, overfit_budget=2.0)
+    triage = Triage(overfit_batch_size=4, overfit_max_steps=20, overfit_time_budget=2.0)
     check = triage.check("OverfitBatchCheck")
     assert isinstance(check, OverfitBatchCheck)
     assert (check.batch_size, check.max_steps, check.time_budget, check.min_steps) == (4, 20, 2.0, 20)
@@ -315,7 +315,7 @@ def test_label_smoothing_is_memorized_down_to_its_floor(tmp_path: Path, seed: in
 def test_double_softmax_has_its_own_code_and_explains_the_failure(tmp_path: Path,
                                                                  optimizer: str) -> None:
     torch.manual_seed(0)
-    triage = Triage(report_dir=tmp_path / "r", strict=True, verbose=False, overfit_budget=60.0)
+    triage = Triage(report_dir=tmp_path / "r", strict=True, verbose=False, overfit_time_budget=60.0)
     lr = 0.05 if optimizer == "sgd" else 1e-3
     make_trainer(tmp_path, [triage]).fit(DoubleSoftmax(lr=lr, optimizer=optimizer), *digits())
     report = triage.report.report

@@ -20,7 +20,7 @@ SUBSET = ["label-smoothing", "tiny-validation", "warmup-cosine", "frozen-backbon
 def test_healthy_run_raises_nothing(tmp_path: Path, name: str) -> None:
     pl.seed_everything(1, verbose=False)
     model, train, val, kwargs = HEALTHY[name](1)
-    triage = Triage(report_dir=tmp_path, verbose=False, strict=True, overfit_budget=120.0)
+    triage = Triage(report_dir=tmp_path, verbose=False, strict=True, overfit_time_budget=120.0)
     trainer = pl.Trainer(callbacks=[triage], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=tmp_path, accelerator="cpu", **kwargs)

@@ -48,7 +48,7 @@ def test_report_leads_with_the_cause_and_explains_the_symptom(tmp_path: Path,
     # a long probe budget: a loaded machine must not skip the probe whose failure is explained
     slow_ok = Scenario(scenario.name, scenario.story, scenario.expect, scenario.build,
                        scenario.max_epochs, scenario.trainer_kwargs,
-                       {"overfit_budget": 120.0, **scenario.triage_kwargs})
+                       {"overfit_time_budget": 120.0, **scenario.triage_kwargs})
     report = run_scenario(slow_ok, tmp_path, Console(quiet=True))
     assert report is not None
     codes = [(f["code"], f["explained_by"]) for f in report["findings"]]

@@ -8,26 +8,22 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_triage.callbacks._args import check_int
 from lightning_triage.findings import Finding
 
 
 def validate_window(window_epochs: int, window_steps: int, max_window_steps: int,
-                    flush_every: int | None, max_points: int) -> None:
+                    flush_every_n_steps: int | None, max_points: int) -> None:
     """Validate the window arguments shared by the monitors.
 
     Raises:
-        ValueError: naming the argument, its value and what is allowed.
+        TriageConfigError: naming the argument, its value and what is allowed.
     """
-    for name, value, low in (("window_epochs", window_epochs, 0), ("window_steps", window_steps, 1),
-                             ("max_window_steps", max_window_steps, 1),
-                             ("max_points", max_points, 2)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}.")
-    if max_window_steps < window_steps:
-        raise ValueError(f"`max_window_steps` ({max_window_steps}) must be >= `window_steps` "
-                         f"({window_steps}).")
-    if flush_every is not None and (not isinstance(flush_every, int) or flush_every < 1):
-        raise ValueError(f"`flush_every` must be a positive integer or None, got {flush_every!r}.")
+    check_int("window_epochs", window_epochs, 0)
+    check_int("window_steps", window_steps, 1)
+    check_int("max_window_steps", max_window_steps, window_steps)
+    check_int("max_points", max_points, 2)
+    check_int("flush_every_n_steps", flush_every_n_steps, 1, optional=True)
 
 
 class WindowMixin:
@@ -37,18 +33,18 @@ class WindowMixin:
     window_epochs: int
     window_steps: int
     max_window_steps: int
-    flush_every: int | None
+    flush_every_n_steps: int | None
     window_closed: bool
     _flush_n: int | None
 
     def flush_interval(self, trainer: pl.Trainer) -> int:
-        """Steps between host reads: ``flush_every``, else the smallest multiple of
+        """Steps between host reads: ``flush_every_n_steps``, else the smallest multiple of
         ``log_every_n_steps`` that is at least 100 (at most 256 unless ``log_every_n_steps`` is
         larger). Cached after the first call."""
         if self._flush_n is not None:
             return self._flush_n
-        if self.flush_every is not None:
-            n = self.flush_every
+        if self.flush_every_n_steps is not None:
+            n = self.flush_every_n_steps
         else:
             every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
             n = every * max(1, -(-100 // every))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
+from typing import Any, ClassVar, Concatenate, Literal, ParamSpec, TypeVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import check_bool, state_key_of
 from lightning_triage.findings import Finding, Severity
 
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
@@ -73,8 +74,7 @@ class TriageCallback(Callback):
     """
 
     def __init__(self, *, strict: bool = False) -> None:
-        if not isinstance(strict, bool):
-            raise TypeError(f"`strict` must be a bool, got {strict!r}.")
+        check_bool("strict", strict)
         self.strict = strict
         self.findings: list[Finding] = []
         self.disabled = False
@@ -89,6 +89,18 @@ class TriageCallback(Callback):
 
     #: Bumped whenever a check's ``idle`` flag changes (bundles cache their per-step callees).
     idle_version = 0
+
+    #: The arguments that tell two instances apart: those not at their defaults join the class
+    #: name in :attr:`state_key` (as in Lightning's ``EarlyStopping``).
+    state_key_args: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    @override
+    def state_key(self) -> str:
+        """The key of this check's state in a checkpoint: the class name, followed by the
+        :attr:`state_key_args` that differ from their defaults (two instances of a check can
+        then share a Trainer and each resume its own state)."""
+        return state_key_of(self, self.state_key_args)
 
     @property
     def idle(self) -> bool:

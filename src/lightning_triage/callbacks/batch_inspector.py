@@ -11,6 +11,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int, check_number
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, BatchLayout, locate_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, infer_task
@@ -75,7 +76,7 @@ class BatchInspector(TriageCallback):
         strict: raise internal errors instead of disabling the check.
 
     Raises:
-        ValueError: for an argument outside its range, naming it.
+        TriageConfigError: for an argument outside its range, naming it.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -89,8 +90,11 @@ class BatchInspector(TriageCallback):
                   init_args: {num_classes: 10, input_key: image, target_key: label}
     """
 
+    state_key_args = ("input_key", "target_key")
+
     def __init__(
         self,
+        *,
         num_batches: int = 32,
         fingerprint_batches: int | None = 256,
         max_fingerprints: int = 65536,
@@ -102,30 +106,20 @@ class BatchInspector(TriageCallback):
         duplicate_fraction: float = 0.5,
         probe: bool = True,
         probe_examples: int = 1024,
-        *,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        if not isinstance(num_batches, int) or num_batches < 1:
-            raise ValueError(f"`num_batches` must be an integer >= 1, got {num_batches!r}.")
-        if fingerprint_batches is not None and (
-                not isinstance(fingerprint_batches, int) or fingerprint_batches < 0):
-            raise ValueError("`fingerprint_batches` must be an integer >= 0 or None, got "
-                             f"{fingerprint_batches!r}.")
-        if not isinstance(max_fingerprints, int) or max_fingerprints < 1:
-            raise ValueError(f"`max_fingerprints` must be an integer >= 1, got {max_fingerprints!r}.")
-        if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 2):
-            raise ValueError(f"`num_classes` must be an integer >= 2 or None, got {num_classes!r}.")
-        for name, key in (("input_key", input_key), ("target_key", target_key)):
-            if key is not None and not isinstance(key, (str, int)) and not callable(key):
-                raise ValueError(f"`{name}` must be a key name, an index, a callable or None, "
-                                 f"got {key!r}.")
-        if not max_rms > 1:
-            raise ValueError(f"`max_rms` must be > 1, got {max_rms!r}.")
-        if not 0 < duplicate_fraction <= 1:
-            raise ValueError(f"`duplicate_fraction` must be in (0, 1], got {duplicate_fraction!r}.")
-        if not isinstance(probe_examples, int) or probe_examples < 64:
-            raise ValueError(f"`probe_examples` must be an integer >= 64, got {probe_examples!r}.")
+        check_int("num_batches", num_batches, 1)
+        check_int("fingerprint_batches", fingerprint_batches, 0, optional=True)
+        check_int("max_fingerprints", max_fingerprints, 1)
+        check_int("num_classes", num_classes, 2, optional=True)
+        check_int("ignore_index", ignore_index)
+        check_batch_key("input_key", input_key)
+        check_batch_key("target_key", target_key)
+        check_number("max_rms", max_rms, 1)
+        check_number("duplicate_fraction", duplicate_fraction, 0, 1, high_open=False)
+        check_bool("probe", probe)
+        check_int("probe_examples", probe_examples, 64)
         self.num_batches = num_batches
         self.fingerprint_batches = fingerprint_batches
         self.max_fingerprints = max_fingerprints

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import check_bool, check_choice, check_int
 from lightning_triage.callbacks._compat import StepCounter, fp16_amp, step_counter
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
@@ -62,14 +63,14 @@ class GradientMonitor(TriageCallback, WindowMixin):
     In ``on_before_optimizer_step`` (gradients unscaled under AMP, not yet clipped) the
     per-parameter gradient norms are computed with one fused ``torch._foreach_norm`` and
     written to a preallocated buffer (on the device on accelerators, where every step's total
-    norm is taken at the flush); every ``flush_every`` steps (default the smallest multiple of
+    norm is taken at the flush); every ``flush_every_n_steps`` steps (default the smallest multiple of
     ``log_every_n_steps`` >= 100) the chunk moves to the host in one transfer. Inside
     :class:`~lightning_triage.Triage` the norms, their total and the loss are read once per
     step for this monitor, the loss watch and the NaN tracer together. During the window
     (``window_epochs`` epochs or ``window_steps`` steps, whichever is longer, at most
     ``max_window_steps``) the monitor also
     tracks units whose gradient is always zero and samples update-to-weight ratios every
-    ``ratio_every`` steps; at the end of the window
+    ``ratio_every_n_steps`` steps; at the end of the window
     :func:`~lightning_triage.functional.gradients.classify_gradients` judges them all.
 
     After the window, with ``watch=True``, only those norms are computed (the total once per
@@ -94,14 +95,15 @@ class GradientMonitor(TriageCallback, WindowMixin):
         max_window_steps: the window ends here whatever ``window_epochs`` says.
         watch: keep watching for gradient spikes after the window.
         on_spike: ``"warn"`` (default) or ``"skip"`` (skip the update of a spiking step).
-        flush_every: optimizer steps between host reads (default: the smallest multiple of
+        flush_every_n_steps: optimizer steps between host reads (default: the smallest multiple of
             ``log_every_n_steps`` that is at least 100).
-        ratio_every: sample the update-to-weight ratio every this many steps in the window.
+        ratio_every_n_steps: sample the update-to-weight ratio every this many steps in the
+            window.
         max_points: length bound of the ``grad_norm`` series in the report.
         strict: raise internal errors instead of disabling the check.
 
     Raises:
-        ValueError: for invalid arguments (the message names the argument).
+        TriageConfigError: for invalid arguments (the message names the argument).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -115,34 +117,33 @@ class GradientMonitor(TriageCallback, WindowMixin):
                   init_args: {window_steps: 200, on_spike: warn}
     """
 
+    state_key_args = ("window_epochs", "window_steps")
+
     def __init__(
         self,
+        *,
         window_epochs: int = 2,
         window_steps: int = 200,
         max_window_steps: int = 5000,
         watch: bool = True,
         on_spike: OnSpike = "warn",
-        flush_every: int | None = None,
-        ratio_every: int = 10,
+        flush_every_n_steps: int | None = None,
+        ratio_every_n_steps: int = 10,
         max_points: int = 1000,
-        *,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        validate_window(window_epochs, window_steps, max_window_steps, flush_every, max_points)
-        if on_spike not in ("warn", "skip"):
-            raise ValueError(f"`on_spike` must be 'warn' or 'skip', got {on_spike!r}.")
-        if not isinstance(watch, bool):
-            raise ValueError(f"`watch` must be a bool, got {watch!r}.")
-        if not isinstance(ratio_every, int) or ratio_every < 1:
-            raise ValueError(f"`ratio_every` must be a positive integer, got {ratio_every!r}.")
+        validate_window(window_epochs, window_steps, max_window_steps, flush_every_n_steps, max_points)
+        check_choice("on_spike", on_spike, ("warn", "skip"))
+        check_bool("watch", watch)
+        check_int("ratio_every_n_steps", ratio_every_n_steps, 1)
         self.window_epochs = window_epochs
         self.window_steps = window_steps
         self.max_window_steps = max_window_steps
         self.watch = watch
         self.on_spike = on_spike
-        self.flush_every = flush_every
-        self.ratio_every = ratio_every
+        self.flush_every_n_steps = flush_every_n_steps
+        self.ratio_every_n_steps = ratio_every_n_steps
         self.max_points = max_points
         self.thresholds = GradThresholds()
         #: the per-step reads (shared with the other watches inside the ``Triage`` bundle)
@@ -262,7 +263,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             g = self._params[j].grad
             if g is not None:
                 self._alive[k].logical_or_(alive_units(g))
-        if (len(self.w_total) + len(self._buf or ()) - 1) % self.ratio_every == 0 and \
+        if (len(self.w_total) + len(self._buf or ()) - 1) % self.ratio_every_n_steps == 0 and \
                 self._weight_idx:
             self._snap = [self._params[j].detach().clone() for j in self._weight_idx]
 

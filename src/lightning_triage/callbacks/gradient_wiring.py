@@ -11,6 +11,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import check_bool
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.tensors import any_nonzero
 from lightning_triage.functional.wiring import (
@@ -80,13 +81,11 @@ class GradientWiringCheck(TriageCallback):
                 - class_path: lightning_triage.GradientWiringCheck
     """
 
-    def __init__(self, check_optimizer: bool = True, report_frozen: bool = True, *,
+    def __init__(self, *, check_optimizer: bool = True, report_frozen: bool = True,
                  strict: bool = False) -> None:
         super().__init__(strict=strict)
-        if not isinstance(check_optimizer, bool):
-            raise TypeError(f"`check_optimizer` must be a bool, got {check_optimizer!r}.")
-        if not isinstance(report_frozen, bool):
-            raise TypeError(f"`report_frozen` must be a bool, got {report_frozen!r}.")
+        check_bool("check_optimizer", check_optimizer)
+        check_bool("report_frozen", report_frozen)
         self.check_optimizer = check_optimizer
         self.report_frozen = report_frozen
         self.result: WiringResult | None = None

@@ -11,7 +11,9 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import arg, check_batch_key, check_choice, check_int, check_number
 from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.errors import TriageConfigError
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import (
     IGNORE_INDEX,
@@ -29,14 +31,14 @@ def validate_task(task: str, num_classes: int | None) -> None:
     """Check the ``task``/``num_classes`` arguments shared by the bundle and the checks.
 
     Raises:
-        ValueError: naming the argument, its value and what is allowed.
+        TriageConfigError: naming the argument, its value and what is allowed.
     """
-    if task not in TASKS:
-        raise ValueError(f"`task` must be one of {TASKS}, got {task!r}.")
-    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 2):
-        raise ValueError(f"`num_classes` must be an integer >= 2 or None, got {num_classes!r}.")
+    check_choice("task", task, TASKS)
+    check_int("num_classes", num_classes, 2, optional=True)
     if task in ("multiclass", "sequence") and num_classes is None:
-        raise ValueError(f"`num_classes` is required with task={task!r}.")
+        shown = arg("num_classes")
+        raise TriageConfigError(f"`{shown}` is required with task={task!r} (an integer >= 2), "
+                                f"got None.", argument=shown, value=None)
 
 
 def loss_from_outputs(outputs: STEP_OUTPUT, pl_module: pl.LightningModule,
@@ -84,8 +86,11 @@ class InitialLossCheck(TriageCallback):
                   init_args: {task: multiclass, num_classes: 10}
     """
 
+    state_key_args = ("task", "num_classes", "input_key", "target_key")
+
     def __init__(
         self,
+        *,
         task: Task = "auto",
         num_classes: int | None = None,
         ignore_index: int = IGNORE_INDEX,
@@ -93,15 +98,15 @@ class InitialLossCheck(TriageCallback):
         below_ratio: float = 0.5,
         input_key: BatchKey | None = None,
         target_key: BatchKey | None = None,
-        *,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
         validate_task(task, num_classes)
-        if not above_ratio > 1:
-            raise ValueError(f"`above_ratio` must be > 1, got {above_ratio!r}.")
-        if not 0 < below_ratio < 1:
-            raise ValueError(f"`below_ratio` must be in (0, 1), got {below_ratio!r}.")
+        check_int("ignore_index", ignore_index)
+        check_number("above_ratio", above_ratio, 1)
+        check_number("below_ratio", below_ratio, 0, 1)
+        check_batch_key("input_key", input_key)
+        check_batch_key("target_key", target_key)
         self.task = task
         self.num_classes = num_classes
         self.ignore_index = ignore_index

@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int, fail
 from lightning_triage.callbacks._compat import StepCounter, is_overridden, step_counter
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
@@ -25,7 +26,7 @@ from lightning_triage.callbacks._monitor import (
 from lightning_triage.callbacks._step import RowBuffer, StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.callbacks.initial_loss import validate_task
-from lightning_triage.functional.batch import split_batch
+from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import (
     IGNORE_INDEX,
     ChanceLevel,
@@ -62,7 +63,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     (a sustained rise, or NaN/Inf) for the rest of the run, marked ``"after_window": true``.
 
     Losses stay on the device (in a preallocated buffer) and move to the host every
-    ``flush_every`` steps (default: the smallest multiple of ``log_every_n_steps`` >= 100): no
+    ``flush_every_n_steps`` steps (default: the smallest multiple of ``log_every_n_steps`` >= 100): no
     host synchronization per step; on CPU, where a host read is free, they are read as they
     come. Inside :class:`~lightning_triage.Triage` the loss is read once per step for this
     monitor and the gradient watch together. The
@@ -80,11 +81,14 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             ``"regression"`` or ``"sequence"``.
         num_classes: class count (vocabulary size for ``"sequence"``).
         ignore_index: target value excluded from class statistics.
+        input_key: where the inputs are in a batch the defaults do not understand (a key, an
+            index or a callable ``batch -> tensor``).
+        target_key: where the targets are (for the chance level), likewise.
         window_epochs: epochs in the window (the window is the longer of the two).
         window_steps: optimizer steps in the window.
         max_window_steps: the window ends here whatever ``window_epochs`` says.
         watch: keep watching for loss spikes and divergence after the window.
-        flush_every: optimizer steps between host reads (default: the smallest multiple of
+        flush_every_n_steps: optimizer steps between host reads (default: the smallest multiple of
             ``log_every_n_steps`` that is at least 100).
         val_key: the logged metric holding the validation loss when ``validation_step`` returns
             none (default: a ``callback_metrics`` key with "val" and "loss" in its name).
@@ -92,7 +96,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         strict: raise internal errors instead of disabling the check.
 
     Raises:
-        ValueError: for invalid arguments (the message names the argument).
+        TriageConfigError: for invalid arguments (the message names the argument).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -106,34 +110,44 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                   init_args: {window_epochs: 2, window_steps: 200}
     """
 
+    state_key_args = ("task", "num_classes", "window_epochs", "window_steps", "val_key")
+
     def __init__(
         self,
+        *,
         task: Task = "auto",
         num_classes: int | None = None,
         ignore_index: int = IGNORE_INDEX,
+        input_key: BatchKey | None = None,
+        target_key: BatchKey | None = None,
         window_epochs: int = 2,
         window_steps: int = 200,
         max_window_steps: int = 5000,
         watch: bool = True,
-        flush_every: int | None = None,
+        flush_every_n_steps: int | None = None,
         val_key: str | None = None,
         max_points: int = 1000,
-        *,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
         validate_task(task, num_classes)
-        validate_window(window_epochs, window_steps, max_window_steps, flush_every, max_points)
-        if not isinstance(watch, bool):
-            raise ValueError(f"`watch` must be a bool, got {watch!r}.")
+        validate_window(window_epochs, window_steps, max_window_steps, flush_every_n_steps, max_points)
+        check_int("ignore_index", ignore_index)
+        check_batch_key("input_key", input_key)
+        check_batch_key("target_key", target_key)
+        check_bool("watch", watch)
+        if val_key is not None and not isinstance(val_key, str):
+            raise fail("val_key", val_key, "a metric name or None")
         self.task = task
         self.num_classes = num_classes
         self.ignore_index = ignore_index
+        self.input_key = input_key
+        self.target_key = target_key
         self.window_epochs = window_epochs
         self.window_steps = window_steps
         self.max_window_steps = max_window_steps
         self.watch = watch
-        self.flush_every = flush_every
+        self.flush_every_n_steps = flush_every_n_steps
         self.val_key = val_key
         self.max_points = max_points
         self.thresholds = CurveThresholds()
@@ -180,7 +194,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                              batch: Any, batch_idx: int) -> None:
         if self.chance is not None or self.train or batch_idx != 0 or trainer.global_step != 0:
             return
-        self._capture.start(pl_module, split_batch(batch).targets, hooks=self.task == "auto",
+        targets = split_batch(batch, self.input_key, self.target_key).targets
+        self._capture.start(pl_module, targets, hooks=self.task == "auto",
                             wrap=lambda hook: self.guard_hook(trainer, "forward hook", hook))
 
     def _resolve_chance(self) -> None:

@@ -13,17 +13,26 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import (
+    check_batch_key,
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+)
 from lightning_triage.callbacks._compat import StepCounter, grad_scaler, step_counter
 from lightning_triage.callbacks._nonfinite_replay import replay_step
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.functional.batch import split_batch
+from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.nonfinite import (
     Localization,
     float_tensors,
     max_abs,
 )
 from lightning_triage.functional.numerics import (
+    MODES,
+    ON_NONFINITE,
     REDUCED_PRECISIONS,
     DeferredFlags,
     Mode,
@@ -38,7 +47,6 @@ from lightning_triage.functional.numerics import (
     not_localized_verdict,
     precision_overflow_verdict,
     step_healthy,
-    validate_tracer_options,
 )
 from lightning_triage.functional.tensors import abs_peak
 from lightning_triage.functional.verdict import Verdict
@@ -100,10 +108,13 @@ class NonFiniteTracer(TriageCallback):
         near_overflow_ratio: warn when a sampled output's max ``|x|`` exceeds this fraction of its
             dtype's largest finite value.
         max_localized: replay at most this many failing steps (later ones are only counted).
+        input_key: where the inputs are in a batch the defaults do not understand (a key, an
+            index or a callable ``batch -> tensor``), for the check of a failing step's batch.
+        target_key: where the targets are, likewise.
         strict: raise internal errors instead of disabling the check.
 
     Raises:
-        ValueError: for an argument outside what is allowed (the message names it).
+        TriageConfigError: for an argument outside what is allowed (the message names it).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -117,8 +128,11 @@ class NonFiniteTracer(TriageCallback):
                   init_args: {on_nonfinite: stop, mode: auto, check_every_n_steps: 50}
     """
 
+    state_key_args = ("on_nonfinite", "mode")
+
     def __init__(
         self,
+        *,
         on_nonfinite: OnNonFinite = "stop",
         mode: Mode = "auto",
         check_every_n_steps: int = 50,
@@ -127,12 +141,21 @@ class NonFiniteTracer(TriageCallback):
         near_overflow_every_n_steps: int | None = 100,
         near_overflow_ratio: float = 0.25,
         max_localized: int = 3,
-        *,
+        input_key: BatchKey | None = None,
+        target_key: BatchKey | None = None,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        validate_tracer_options(on_nonfinite, mode, check_every_n_steps,
-                                near_overflow_every_n_steps, near_overflow_ratio, max_localized)
+        check_choice("on_nonfinite", on_nonfinite, ON_NONFINITE)
+        check_choice("mode", mode, MODES)
+        check_int("check_every_n_steps", check_every_n_steps, 1)
+        check_bool("check_params", check_params)
+        check_bool("precision_replay", precision_replay)
+        check_int("near_overflow_every_n_steps", near_overflow_every_n_steps, 1, optional=True)
+        check_number("near_overflow_ratio", near_overflow_ratio, 0, 1)
+        check_int("max_localized", max_localized, 0)
+        check_batch_key("input_key", input_key)
+        check_batch_key("target_key", target_key)
         self.on_nonfinite = on_nonfinite
         self.mode = mode
         self.check_every_n_steps = check_every_n_steps
@@ -141,6 +164,8 @@ class NonFiniteTracer(TriageCallback):
         self.near_overflow_every_n_steps = near_overflow_every_n_steps
         self.near_overflow_ratio = near_overflow_ratio
         self.max_localized = max_localized
+        self.input_key = input_key
+        self.target_key = target_key
         # counts (kept in checkpoints)
         self.nonfinite_steps = 0
         self.skipped_steps = 0
@@ -378,7 +403,7 @@ class NonFiniteTracer(TriageCallback):
             return
         self.localized += 1
         if local_bad:
-            parts = split_batch(self._batch)
+            parts = split_batch(self._batch, self.input_key, self.target_key)
             self._forward(trainer, nonfinite_batch_verdicts(
                 parts.inputs, parts.targets, step=self._batch_step, batch_idx=self._batch_idx))
         try:

@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 from torchmetrics import Metric
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import check_batch_key, check_int, check_number
 from lightning_triage.callbacks._compat import (
     hook_takes,
     metric_state,
@@ -26,7 +27,7 @@ from lightning_triage.callbacks._compat import (
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.callbacks.gradient_wiring import sharded_strategy
 from lightning_triage.callbacks.initial_loss import validate_task
-from lightning_triage.functional.batch import split_batch
+from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, Task
 from lightning_triage.functional.hooks import capture_last_output
 from lightning_triage.functional.overfit import (
@@ -178,10 +179,13 @@ class OverfitBatchCheck(TriageCallback):
         min_steps: skip the probe when this many steps would not fit in ``time_budget``.
         task: as for :class:`InitialLossCheck` (``"auto"`` infers it).
         num_classes: class count (vocabulary size for ``"sequence"``).
+        input_key: where the inputs are in a batch the defaults do not understand (a key, an
+            index or a callable ``batch -> tensor``).
+        target_key: where the targets are (for the chance level), likewise.
         strict: raise internal errors instead of disabling the check.
 
     Raises:
-        ValueError: for arguments out of range, naming the argument.
+        TriageConfigError: for arguments out of range, naming the argument.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -195,8 +199,11 @@ class OverfitBatchCheck(TriageCallback):
                   init_args: {batch_size: 8, max_steps: 300, time_budget: 5.0}
     """
 
+    state_key_args = ("batch_size", "task", "num_classes", "input_key", "target_key")
+
     def __init__(
         self,
+        *,
         batch_size: int = 8,
         max_steps: int = 300,
         time_budget: float = 5.0,
@@ -204,22 +211,19 @@ class OverfitBatchCheck(TriageCallback):
         min_steps: int = 30,
         task: Task = "auto",
         num_classes: int | None = None,
-        *,
+        input_key: BatchKey | None = None,
+        target_key: BatchKey | None = None,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
         validate_task(task, num_classes)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"`batch_size` must be an integer >= 1, got {batch_size!r}.")
-        if not isinstance(max_steps, int) or max_steps < 2:
-            raise ValueError(f"`max_steps` must be an integer >= 2, got {max_steps!r}.")
-        if not isinstance(time_budget, (int, float)) or not time_budget > 0:
-            raise ValueError(f"`time_budget` must be a number of seconds > 0, got {time_budget!r}.")
-        if not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
-            raise ValueError(f"`tolerance` must be in (0, 1), got {tolerance!r}.")
-        if not isinstance(min_steps, int) or not 1 <= min_steps <= max_steps:
-            raise ValueError(f"`min_steps` must be an integer in [1, max_steps={max_steps}], "
-                             f"got {min_steps!r}.")
+        check_int("batch_size", batch_size, 1)
+        check_int("max_steps", max_steps, 2)
+        check_number("time_budget", time_budget, 0, unit="seconds")
+        check_number("tolerance", tolerance, 0, 1)
+        check_int("min_steps", min_steps, 1, max_steps)
+        check_batch_key("input_key", input_key)
+        check_batch_key("target_key", target_key)
         self.batch_size = batch_size
         self.max_steps = max_steps
         self.time_budget = float(time_budget)
@@ -227,6 +231,8 @@ class OverfitBatchCheck(TriageCallback):
         self.min_steps = min_steps
         self.task = task
         self.num_classes = num_classes
+        self.input_key = input_key
+        self.target_key = target_key
         self.verdict: OverfitVerdict | None = None
         self.curve: list[list[float]] = []
         self._attempted = False
@@ -371,7 +377,7 @@ class OverfitBatchCheck(TriageCallback):
         value = float(loss.detach().float())
         run.losses.append(value)
         if step == 0:
-            set_reference(run, value, split_batch(batch).targets,
+            set_reference(run, value, split_batch(batch, self.input_key, self.target_key).targets,
                           captured.output if captured else None, task=self.task,
                           num_classes=self.num_classes, tolerance=self.tolerance)
         if captured is not None and captured.output is not None and \

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import check_batch_key, check_callable, check_int, check_number
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
 from lightning_triage.callbacks.base import guarded
 from lightning_triage.functional import structure_rules as rules
@@ -74,7 +75,7 @@ class PaddingProbe(ProbeCallback):
             reporting them.
 
     Raises:
-        ValueError: for an invalid argument (named in the message).
+        TriageConfigError: for an invalid argument (named in the message).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -88,8 +89,11 @@ class PaddingProbe(ProbeCallback):
                   init_args: {padding_mask_key: mask, max_examples: 8}
     """
 
+    state_key_args = ("padding_mask_key", "input_key", "target_key")
+
     def __init__(
         self,
+        *,
         padding_mask_key: BatchKey | None = None,
         forward_fn: ForwardFn | None = None,
         input_key: BatchKey | None = None,
@@ -97,23 +101,16 @@ class PaddingProbe(ProbeCallback):
         max_examples: int = 8,
         tolerance: float = DEFAULT_PADDING_TOLERANCE,
         ignore_index: int = IGNORE_INDEX,
-        *,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        for arg, value in (("padding_mask_key", padding_mask_key), ("input_key", input_key),
-                           ("target_key", target_key)):
-            if value is not None and not isinstance(value, (str, int)) and not callable(value):
-                raise ValueError(f"`{arg}` must be a key, an index, a callable or None, "
-                                 f"got {value!r}.")
-        if forward_fn is not None and not callable(forward_fn):
-            raise ValueError(f"`forward_fn` must be callable(pl_module, batch) or None, got "
-                             f"{forward_fn!r}.")
-        if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
-            raise ValueError(f"`max_examples` must be an integer >= 1, got {max_examples!r}.")
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
-                or not 0 < tolerance < 1:
-            raise ValueError(f"`tolerance` must be a number in (0, 1), got {tolerance!r}.")
+        for name, key in (("padding_mask_key", padding_mask_key), ("input_key", input_key),
+                          ("target_key", target_key)):
+            check_batch_key(name, key)
+        check_callable("forward_fn", forward_fn, "(pl_module, batch) -> output")
+        check_int("max_examples", max_examples, 1)
+        check_number("tolerance", tolerance, 0, 1)
+        check_int("ignore_index", ignore_index)
         self.padding_mask_key = padding_mask_key
         self.forward_fn = forward_fn
         self.input_key = input_key

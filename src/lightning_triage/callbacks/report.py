@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import check_bool, check_choice, fail
 from lightning_triage.callbacks.base import TriageCallback, collect_checks
 from lightning_triage.findings import SEVERITIES, Finding, _jsonable
 from lightning_triage.report import (
@@ -200,8 +201,8 @@ class TriageReport(Callback):
     (the summary is still printed and :attr:`report` still built).
 
     Raises:
-        ValueError: for an unknown ``fail_on``; at setup, with ``strict=True``, if
-            ``report_dir`` cannot be written.
+        TriageConfigError: for an unknown ``fail_on`` or an argument of the wrong type.
+        ValueError: at setup, with ``strict=True``, if ``report_dir`` cannot be written.
         TriageGateError: at the end of fit, with ``fail_on``, listing the findings.
 
     Example:
@@ -210,11 +211,15 @@ class TriageReport(Callback):
         >>> trainer = Trainer(callbacks=[InitialLossCheck(), TriageReport(report_dir="runs/triage")])
     """
 
-    def __init__(self, report_dir: str | os.PathLike[str] | None = None, verbose: bool = True,
+    def __init__(self, *, report_dir: str | os.PathLike[str] | None = None, verbose: bool = True,
                  html: bool = True, log_findings: bool = True, fail_on: FailOn | None = None,
-                 *, strict: bool = False) -> None:
-        if fail_on not in _FAIL_ON:
-            raise ValueError(f"`fail_on` must be one of {_FAIL_ON}, got {fail_on!r}.")
+                 strict: bool = False) -> None:
+        if report_dir is not None and not isinstance(report_dir, (str, os.PathLike)):
+            raise fail("report_dir", report_dir, "a path or None")
+        for name, flag in (("verbose", verbose), ("html", html), ("log_findings", log_findings),
+                           ("strict", strict)):
+            check_bool(name, flag)
+        check_choice("fail_on", fail_on, _FAIL_ON)
         self.strict = strict
         self.report_dir = None if report_dir is None else str(report_dir)
         self.verbose = verbose

@@ -15,6 +15,13 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import (
+    check_batch_key,
+    check_callable,
+    check_causal,
+    check_int,
+    check_number,
+)
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
 from lightning_triage.callbacks.base import guarded
 from lightning_triage.functional import structure_rules as rules
@@ -112,7 +119,7 @@ class StructureProbe(ProbeCallback):
             step then runs as usual).
 
     Raises:
-        ValueError: for an invalid argument (named in the message).
+        TriageConfigError: for an invalid argument (named in the message).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -126,8 +133,11 @@ class StructureProbe(ProbeCallback):
                   init_args: {causal: true, max_examples: 16}
     """
 
+    state_key_args = ("causal", "input_key", "target_key")
+
     def __init__(
         self,
+        *,
         causal: bool | None = None,
         forward_fn: ForwardFn | None = None,
         input_key: BatchKey | None = None,
@@ -136,25 +146,17 @@ class StructureProbe(ProbeCallback):
         tolerance: float = DEFAULT_TOLERANCE,
         time_budget: float = 10.0,
         ignore_index: int = IGNORE_INDEX,
-        *,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        if causal is not None and not isinstance(causal, bool):
-            raise ValueError(f"`causal` must be True, False or None (auto), got {causal!r}.")
-        if forward_fn is not None and not callable(forward_fn):
-            raise ValueError(f"`forward_fn` must be callable(pl_module, batch) or None, got {forward_fn!r}.")
-        for arg, value in (("input_key", input_key), ("target_key", target_key)):
-            if value is not None and not isinstance(value, (str, int)) and not callable(value):
-                raise ValueError(f"`{arg}` must be a key, an index, a callable or None, "
-                                 f"got {value!r}.")
-        if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 2:
-            raise ValueError(f"`max_examples` must be an integer >= 2, got {max_examples!r}.")
-        if not 0 < tolerance < 1:
-            raise ValueError(f"`tolerance` must be in (0, 1), got {tolerance!r}.")
-        if isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)) \
-                or not time_budget > 0:
-            raise ValueError(f"`time_budget` must be a positive number of seconds, got {time_budget!r}.")
+        check_causal(causal)
+        check_callable("forward_fn", forward_fn, "(pl_module, batch) -> output")
+        check_batch_key("input_key", input_key)
+        check_batch_key("target_key", target_key)
+        check_int("max_examples", max_examples, 2)
+        check_number("tolerance", tolerance, 0, 1)
+        check_number("time_budget", time_budget, 0, unit="seconds")
+        check_int("ignore_index", ignore_index)
         self.causal = causal
         self.forward_fn = forward_fn
         self.input_key = input_key

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import aliases, check_bool
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
@@ -47,18 +48,20 @@ class Triage(Callback):
         task: ``"auto"`` (infer from the first batch), ``"multiclass"``, ``"binary"``,
             ``"regression"`` or ``"sequence"`` (token-level classification, language modeling).
         num_classes: class count (vocabulary size for ``"sequence"``).
-        causal: ``True``: the model must not look at future positions, always run the causal
-            probe; ``False`` (default): run it when the data is next-token prediction (targets
-            are the inputs shifted by one position).
+        causal: as in :class:`StructureProbe`: ``True``: the model must not look at future
+            positions, always run the causal probe; ``None`` (default): run it when the data is
+            next-token prediction (targets are the inputs shifted by one position); ``False``:
+            never run it.
         strict: raise internal errors of checks instead of disabling them (for tests).
         verbose: print the report summary at the end of fit.
-        input_key: where the inputs are in a batch the data stage cannot read by itself: a key
-            or attribute name, an index, or a callable ``batch -> tensor``.
+        input_key: where the inputs are in a batch the checks cannot read by themselves: a key
+            or attribute name, an index, or a callable ``batch -> tensor`` (passed to every check
+            that reads the batch).
         target_key: where the targets are, the same way.
         overfit: run the overfit-one-batch probe (:class:`OverfitBatchCheck`).
         overfit_batch_size: examples of the first batch the probe memorizes.
-        overfit_steps: most steps of the overfit probe.
-        overfit_budget: seconds the overfit probe may take (skipped when a step says it
+        overfit_max_steps: most steps of the overfit probe.
+        overfit_time_budget: seconds the overfit probe may take (skipped when a step says it
             would not fit).
         forward_fn: ``callable(pl_module, batch) -> output`` running the model on a batch, for
             the structure probes when they cannot find the forward through ``training_step``
@@ -85,8 +88,8 @@ class Triage(Callback):
             (``triage/findings_<severity>`` counts; text on TensorBoard).
 
     Raises:
-        ValueError: for an unknown ``task`` or ``num_classes < 2``, or overfit arguments out
-            of range (named in the message).
+        TriageConfigError: for an argument out of range or of the wrong type; the message names
+            it as ``Triage`` does (``overfit_max_steps``, not the check's own ``max_steps``).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -107,18 +110,19 @@ class Triage(Callback):
 
     def __init__(
         self,
+        *,
         report_dir: str | os.PathLike[str] | None = None,
         task: Task = "auto",
         num_classes: int | None = None,
-        causal: bool = False,
+        causal: bool | None = None,
         strict: bool = False,
         verbose: bool = True,
         input_key: BatchKey | None = None,
         target_key: BatchKey | None = None,
         overfit: bool = True,
         overfit_batch_size: int = 8,
-        overfit_steps: int = 300,
-        overfit_budget: float = 5.0,
+        overfit_max_steps: int = 300,
+        overfit_time_budget: float = 5.0,
         forward_fn: ForwardFn | None = None,
         on_nonfinite: OnNonFinite = "stop",
         numerics_mode: Mode = "auto",
@@ -133,27 +137,17 @@ class Triage(Callback):
         log_findings: bool = True,
     ) -> None:
         validate_task(task, num_classes)
+        check_bool("overfit", overfit)
         self.report_dir = None if report_dir is None else str(report_dir)
         self.task = task
         self.num_classes = num_classes
         self.causal = causal
         self.strict = strict
         self.verbose = verbose
-        if not isinstance(overfit_batch_size, int) or overfit_batch_size < 1:
-            raise ValueError(f"`overfit_batch_size` must be an integer >= 1, got "
-                             f"{overfit_batch_size!r}.")
-        if not isinstance(overfit_steps, int) or overfit_steps < 2:
-            raise ValueError(f"`overfit_steps` must be an integer >= 2, got {overfit_steps!r}.")
-        if not isinstance(overfit_budget, (int, float)) or not overfit_budget > 0:
-            raise ValueError(f"`overfit_budget` must be a number of seconds > 0, got "
-                             f"{overfit_budget!r}.")
         self.overfit = overfit
         self.overfit_batch_size = overfit_batch_size
-        self.overfit_steps = overfit_steps
-        self.overfit_budget = overfit_budget
-        overfit_check = OverfitBatchCheck(
-            batch_size=overfit_batch_size, max_steps=overfit_steps, time_budget=overfit_budget,
-            min_steps=min(30, overfit_steps), task=task, num_classes=num_classes, strict=strict)
+        self.overfit_max_steps = overfit_max_steps
+        self.overfit_time_budget = overfit_time_budget
         self.forward_fn = forward_fn
         self.on_nonfinite = on_nonfinite
         self.numerics_mode = numerics_mode
@@ -165,26 +159,38 @@ class Triage(Callback):
         self.input_key = input_key
         self.target_key = target_key
         self.padding_mask_key = padding_mask_key
-        self.checks: list[TriageCallback] = [
-            BatchInspector(num_classes=num_classes, input_key=input_key, target_key=target_key,
-                           strict=strict),
-            WorstErrors(input_key=input_key, target_key=target_key, strict=strict),
-            InitialLossCheck(task=task, num_classes=num_classes, input_key=input_key,
-                             target_key=target_key, strict=strict),
-            GradientWiringCheck(strict=strict),
-            *([overfit_check] if overfit else []),
-            StructureProbe(causal=True if causal else None, forward_fn=forward_fn,
-                           input_key=input_key, target_key=target_key, strict=strict),
-            PaddingProbe(padding_mask_key=padding_mask_key, forward_fn=forward_fn,
-                         input_key=input_key, target_key=target_key, strict=strict),
-            EvalModeCheck(strict=strict),
-            LossCurveMonitor(task=task, num_classes=num_classes, window_epochs=window_epochs,
-                             window_steps=window_steps, watch=watch, strict=strict),
-            GradientMonitor(window_epochs=window_epochs, window_steps=window_steps, watch=watch,
-                            on_spike=on_spike, strict=strict),
-            NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
-                            check_every_n_steps=numerics_check_every_n_steps, strict=strict),
-        ]
+        ik, tk = input_key, target_key
+        # the checks validate the arguments, named as `Triage` names them
+        with aliases(batch_size="overfit_batch_size", max_steps="overfit_max_steps",
+                     time_budget="overfit_time_budget", mode="numerics_mode",
+                     check_every_n_steps="numerics_check_every_n_steps"):
+            overfit_check = OverfitBatchCheck(
+                batch_size=overfit_batch_size, max_steps=overfit_max_steps,
+                time_budget=overfit_time_budget,
+                min_steps=min(30, overfit_max_steps) if isinstance(overfit_max_steps, int) else 30,
+                task=task, num_classes=num_classes, input_key=ik, target_key=tk, strict=strict)
+            self.checks: list[TriageCallback] = [
+                BatchInspector(num_classes=num_classes, input_key=ik, target_key=tk,
+                               strict=strict),
+                WorstErrors(input_key=ik, target_key=tk, strict=strict),
+                InitialLossCheck(task=task, num_classes=num_classes, input_key=ik, target_key=tk,
+                                 strict=strict),
+                GradientWiringCheck(strict=strict),
+                *([overfit_check] if overfit else []),
+                StructureProbe(causal=causal, forward_fn=forward_fn, input_key=ik, target_key=tk,
+                               strict=strict),
+                PaddingProbe(padding_mask_key=padding_mask_key, forward_fn=forward_fn,
+                             input_key=ik, target_key=tk, strict=strict),
+                EvalModeCheck(strict=strict),
+                LossCurveMonitor(task=task, num_classes=num_classes, input_key=ik, target_key=tk,
+                                 window_epochs=window_epochs, window_steps=window_steps,
+                                 watch=watch, strict=strict),
+                GradientMonitor(window_epochs=window_epochs, window_steps=window_steps, watch=watch,
+                                on_spike=on_spike, strict=strict),
+                NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
+                                check_every_n_steps=numerics_check_every_n_steps, input_key=ik,
+                                target_key=tk, strict=strict),
+            ]
         self.fail_on = fail_on
         self.html = html
         self.log_findings = log_findings

@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, SequentialSampler
 from typing_extensions import override
 
+from lightning_triage.callbacks._args import check_batch_key, check_int, fail
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, locate_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
@@ -56,7 +57,7 @@ class WorstErrors(TriageCallback):
         strict: raise internal errors instead of disabling the check.
 
     Raises:
-        ValueError: for an invalid argument (named in the message).
+        TriageConfigError: for an invalid argument (named in the message).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -70,8 +71,11 @@ class WorstErrors(TriageCallback):
                   init_args: {k: 20}
     """
 
+    state_key_args = ("k", "input_key", "target_key", "index_key")
+
     def __init__(
         self,
+        *,
         k: int = 20,
         input_key: BatchKey | None = None,
         target_key: BatchKey | None = None,
@@ -79,26 +83,19 @@ class WorstErrors(TriageCallback):
         image_shape: tuple[int, ...] | None = None,
         thumbnail_side: int = MAX_THUMBNAIL_SIDE,
         ignore_index: int = IGNORE_INDEX,
-        *,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1000:
-            raise ValueError(f"`k` must be an integer in [1, 1000], got {k!r}.")
-        for arg, value in (("input_key", input_key), ("target_key", target_key),
-                           ("index_key", index_key)):
-            if value is not None and not isinstance(value, (str, int)) and not callable(value):
-                raise ValueError(f"`{arg}` must be a key, an index, a callable or None, "
-                                 f"got {value!r}.")
+        check_int("k", k, 1, 1000)
+        for name, key in (("input_key", input_key), ("target_key", target_key),
+                          ("index_key", index_key)):
+            check_batch_key(name, key)
         if image_shape is not None and (
                 not isinstance(image_shape, (tuple, list)) or len(image_shape) not in (2, 3)
                 or not all(isinstance(d, int) and d > 0 for d in image_shape)):
-            raise ValueError(f"`image_shape` must be (H, W) or (C, H, W) positive integers or "
-                             f"None, got {image_shape!r}.")
-        if isinstance(thumbnail_side, bool) or not isinstance(thumbnail_side, int) \
-                or not 0 <= thumbnail_side <= 128:
-            raise ValueError(f"`thumbnail_side` must be an integer in [0, 128], got "
-                             f"{thumbnail_side!r}.")
+            raise fail("image_shape", image_shape, "(H, W) or (C, H, W) positive integers or None")
+        check_int("thumbnail_side", thumbnail_side, 0, 128)
+        check_int("ignore_index", ignore_index)
         self.k = k
         self.input_key = input_key
         self.target_key = target_key

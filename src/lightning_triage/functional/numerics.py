@@ -381,31 +381,6 @@ def finite_or_none(value: Tensor | None) -> bool:
     return value is None or math.isfinite(float(value))
 
 
-def validate_tracer_options(on_nonfinite: str, mode: str, check_every_n_steps: int,
-                            near_overflow_every_n_steps: int | None, near_overflow_ratio: float,
-                            max_localized: int) -> None:
-    """Check :class:`~lightning_triage.NonFiniteTracer`'s arguments.
-
-    Raises:
-        ValueError: naming the first argument out of range.
-    """
-    if on_nonfinite not in ON_NONFINITE:
-        raise ValueError(f"`on_nonfinite` must be one of {ON_NONFINITE}, got {on_nonfinite!r}.")
-    if mode not in MODES:
-        raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
-    if not isinstance(check_every_n_steps, int) or check_every_n_steps < 1:
-        raise ValueError(f"`check_every_n_steps` must be an integer >= 1, got "
-                         f"{check_every_n_steps!r}.")
-    if near_overflow_every_n_steps is not None and (
-            not isinstance(near_overflow_every_n_steps, int) or near_overflow_every_n_steps < 1):
-        raise ValueError(f"`near_overflow_every_n_steps` must be an integer >= 1 or None, got "
-                         f"{near_overflow_every_n_steps!r}.")
-    if not 0 < near_overflow_ratio < 1:
-        raise ValueError(f"`near_overflow_ratio` must be in (0, 1), got {near_overflow_ratio!r}.")
-    if not isinstance(max_localized, int) or max_localized < 0:
-        raise ValueError(f"`max_localized` must be an integer >= 0, got {max_localized!r}.")
-
-
 def describe_tracer(*, sync: bool, every: int, nonfinite_steps: int, first_step: int | None,
                     skipped: int, scaler_skips: int, replay_calls: int) -> str:
     """The tracer's check detail (its mode and counts).
@@ -466,5 +441,4 @@ __all__ = [
     "precision_overflow_verdict",
     "short_dtype",
     "step_healthy",
-    "validate_tracer_options",
 ]

@@ -199,7 +199,7 @@ def overfit_causes(run: ProbeRun, verdict: OverfitVerdict) -> list[str]:
             f"{verdict.best:.4g} in {verdict.steps} steps with {run.optimizer} (a learning "
             "rate too low for the probe (see `curve.lr_too_low`), vanishing gradients (see "
             "`grad.vanishing`), a model too small or too constrained, or a loss with a "
-            "floor); raise `max_steps`/`overfit_steps` to tell them apart")
+            "floor); raise `max_steps`/`overfit_max_steps` to tell them apart")
     if not causes and verdict.reason in ("plateau", "floor"):
         causes.append(
             f"loss bounded away from zero: it stopped at {verdict.best:.4g} with gradients "
@@ -242,7 +242,7 @@ def _unfinished(run: ProbeRun, *, min_steps: int, time_budget: float) -> str | N
     if run.stopped == "budget":
         return (f"one probe step takes {run.step_seconds:.3g} s, so {min_steps} "
                 f"steps would exceed the {time_budget:g} s budget (raise `time_budget`/"
-                f"`overfit_budget`, or lower `batch_size`)")
+                f"`overfit_time_budget`, or lower `batch_size`/`overfit_batch_size`)")
     return None
 
 
