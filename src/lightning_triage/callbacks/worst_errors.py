@@ -204,7 +204,7 @@ class WorstErrors(TriageCallback):
         confident = sum(1 for r in rows if r["prediction"] != r["label"] and r["confidence"] > 0.9)
         ids = [r["dataset_index"] if r["dataset_index"] is not None
                else f"batch {r['batch_idx']} row {r['position']}" for r in rows[:8]]
-        shown = ", ".join(str(i) for i in ids) + (", ..." if len(rows) > 8 else "")
+        shown = ", ".join(str(i) for i in ids) + (f" and {len(rows) - 8} more" if len(rows) > 8 else "")
         self.add_finding(
             trainer, "data.worst_errors",
             f"The {len(rows)} validation examples with the highest loss (of {self.buffer.seen} "
