@@ -180,7 +180,8 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("curve.lr_too_high", "warning", "Noisy or rising loss: learning rate too high",
           "Lower the learning rate by 3-10x, add warmup, or clip gradients."),
     _spec("curve.diverging", "error", "The loss grows without bound",
-          "Lower the learning rate, clip gradients and check the numerics findings."),
+          "Lower the learning rate (3-10x), add warmup, clip gradients (`gradient_clip_val`), and "
+          "see the numerics and grad findings."),
     _spec("curve.plateau_at_chance", "error", "The loss settled at chance level",
           "The model predicts the prior: look for saturated units (unscaled inputs, too high a "
           "learning rate early on) and dead ReLUs."),

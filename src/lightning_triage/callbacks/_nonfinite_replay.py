@@ -9,10 +9,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 
 from lightning_triage.callbacks._compat import forward_context
+from lightning_triage.functional.collection import map_tensors
 from lightning_triage.functional.nonfinite import Localization, float32_state, localize_nonfinite
 from lightning_triage.probing import probe_module, step_loss
 
@@ -23,7 +23,7 @@ def to_float32(batch: Any) -> Any:
     def cast(t: Tensor) -> Tensor:
         return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
-    return apply_to_collection(batch, Tensor, cast)
+    return map_tensors(cast, batch)
 
 
 def replay_step(trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, *,

@@ -10,9 +10,7 @@ import lightning.pytorch as pl
 from torch import nn
 
 from lightning_triage.callbacks.base import TriageCallback
-from lightning_triage.findings import Finding
 from lightning_triage.functional.batch import BatchKey
-from lightning_triage.functional.verdict import Verdict
 from lightning_triage.probing import copy_first_examples, run_user_step
 
 ForwardFn = Callable[[pl.LightningModule, Any], Any]
@@ -36,12 +34,6 @@ class ProbeCallback(TriageCallback):
         """The user's code on a batch, in the run's precision context (as the real step)."""
         self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
         return run_user_step(trainer, module, batch, self.forward_fn)
-
-    def _forward(self, trainer: pl.Trainer, verdict: Verdict) -> Finding:
-        """Report a verdict of the functional core as a finding."""
-        return self.add_finding(trainer, verdict.code, verdict.message, severity=verdict.severity,
-                                layer=verdict.layer, evidence=verdict.evidence,
-                                global_step=verdict.step)
 
 
 __all__ = ["ForwardFn", "ProbeCallback"]

@@ -20,6 +20,7 @@ from typing_extensions import override
 
 from lightning_triage.callbacks._args import check_bool, state_key_of
 from lightning_triage.findings import Finding, Severity
+from lightning_triage.functional.verdict import Verdict
 
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
 
@@ -164,6 +165,19 @@ class TriageCallback(Callback):
             self._warned.add(code)
             rank_zero_warn(f"[lightning-triage] {code}: {message}", category=RuntimeWarning)
         return finding
+
+    def add_verdict(self, trainer: pl.Trainer | None, verdict: Verdict, **evidence: Any) -> Finding:
+        """Record a verdict of the functional core as a finding (keyword arguments are added to
+        its evidence: what only the callback knows)."""
+        return self.add_finding(trainer, verdict.code, verdict.message, severity=verdict.severity,
+                                layer=verdict.layer, evidence={**verdict.evidence, **evidence},
+                                global_step=verdict.step)
+
+    def add_verdicts(self, trainer: pl.Trainer | None,
+                     verdicts: Verdict | Iterable[Verdict] | None) -> None:
+        """:meth:`add_verdict` for each of ``verdicts`` (one, several or ``None``)."""
+        for v in [verdicts] if isinstance(verdicts, Verdict) else verdicts or ():
+            self.add_verdict(trainer, v)
 
     def has_finding(self, code: str) -> bool:
         return any(f.code == code for f in self.findings)

@@ -206,8 +206,7 @@ class BatchInspector(TriageCallback):
         """Report ``verdict`` as a finding (once per key ``once`` when given)."""
         if verdict is None or (once is not None and not self._once(once)):
             return
-        self.add_finding(trainer, verdict.code, verdict.message, severity=verdict.severity,
-                         layer=verdict.layer, evidence=verdict.evidence, global_step=verdict.step)
+        self.add_verdict(trainer, verdict)
 
     def _describe(self) -> str:
         text = (f"inspected {self.state.train_inspected} training and "

@@ -462,9 +462,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             if v.code == "grad.exploding" and not after_window and self.has_finding(v.code):
                 continue
             self._reported.add(key)
-            finding = self.add_finding(trainer, v.code, v.message, layer=v.layer,
-                                       evidence={**v.evidence, "after_window": after_window},
-                                       global_step=v.step)
+            finding = self.add_verdict(trainer, v, after_window=after_window)
             log_finding(trainer, finding, scalar(v.evidence, "ratio"))
 
     # ------------------------------------------------------------------ epoch / end

@@ -41,11 +41,6 @@ from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_befo
 from lightning_triage.functional.verdict import Verdict
 from lightning_triage.probing import step_loss
 
-_HINTS = {
-    "curve.diverging": "Lower the learning rate (3-10x), add warmup, clip gradients "
-                       "(`gradient_clip_val`), and see the numerics and grad findings.",
-}
-
 
 class LossCurveMonitor(TriageCallback, WindowMixin):
     """Classify the loss curve of the first epochs, then watch the loss for the whole run.
@@ -301,11 +296,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             if v.code in ("curve.diverging", "curve.overfitting") and self.has_finding(v.code):
                 continue  # one divergence / overfitting verdict per window
             self._reported.add(key)
-            finding = self.add_finding(
-                trainer, v.code, v.message, hint=_HINTS.get(v.code),
-                evidence={**v.evidence, "after_window": after_window,
-                          "chance": None if self.chance is None else self.chance.value},
-                global_step=v.step)
+            finding = self.add_verdict(trainer, v, after_window=after_window,
+                                       chance=None if self.chance is None else self.chance.value)
             log_finding(trainer, finding, scalar(v.evidence, "ratio"))
 
     def _report_events(self, trainer: pl.Trainer, events: list[SpikeEvent], steps: list[int],
@@ -340,7 +332,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 continue
             self._reported.add(key)
             finding = self.add_finding(
-                trainer, code, msg, hint=_HINTS.get(code), global_step=e.step,
+                trainer, code, msg, global_step=e.step,
                 evidence={"step": e.step, "value": e.value, "level_before": e.level,
                           "spread": e.spread, "ratio": e.ratio, "kind": e.kind,
                           "confirmed_step": e.confirmed_step, "after_window": True})

@@ -49,7 +49,6 @@ from lightning_triage.functional.numerics import (
     step_healthy,
 )
 from lightning_triage.functional.tensors import abs_peak
-from lightning_triage.functional.verdict import Verdict
 
 
 class NonFiniteTracer(TriageCallback):
@@ -61,38 +60,28 @@ class NonFiniteTracer(TriageCallback):
     :class:`~lightning_triage.GradientMonitor` inside :class:`~lightning_triage.Triage`) and the
     parameters the updates write.
 
-    **Localization** (only when a step goes non-finite, in ``"sync"`` mode): the step's batch
-    (kept by reference from ``on_train_batch_start``) is replayed with the pre-step weights and
-    the step's RNG state, through the user's ``training_step`` under the run's precision context
-    and temporary hooks, inside a snapshot that restores everything (weights, gradients,
-    buffers, optimizer state, RNG; nothing is logged). The first non-finite module output in
-    forward order gives ``numerics.nonfinite_forward``; forward finite but a gradient not gives
-    ``numerics.nonfinite_backward`` (the autograd op and its module); every module finite but the
-    loss not gives ``numerics.nonfinite_loss``. NaN/Inf in the batch also gives
-    ``data.nonfinite_input``/``data.nonfinite_target`` with the example indices. Under a reduced
-    precision (``16-mixed``, ``bf16-mixed``, ``16-true``, ``bf16-true``) the step is replayed
-    again in float32 (float32 copies of the weights, no autocast): finite there gives
-    ``numerics.precision_overflow``. Parameters that turn non-finite after an update made from
-    finite gradients give ``numerics.nonfinite_params``. Optionally, every
-    ``near_overflow_every_n_steps`` steps under a reduced precision, one step's module outputs
-    are sampled and ``numerics.near_overflow`` warns when one exceeds ``near_overflow_ratio`` of
-    its dtype's largest value. Steps skipped by a gradient scaler (fp16 ``16-mixed`` on GPU) for
-    non-finite gradients are normal and only counted.
+    **Localization** (only when a step goes non-finite, in ``"sync"`` mode): the step is
+    replayed on a copy of the module, with the pre-step weights, the step's batch and RNG state,
+    through the user's ``training_step`` in the run's precision context. The first non-finite
+    module output gives ``numerics.nonfinite_forward``, a gradient
+    ``numerics.nonfinite_backward``, the loss alone ``numerics.nonfinite_loss``; NaN/Inf in the
+    batch ``data.nonfinite_input``/``data.nonfinite_target``. Under a reduced precision a
+    float32 replay that stays finite gives ``numerics.precision_overflow``; parameters that a
+    finite update made non-finite ``numerics.nonfinite_params``; sampled outputs near the
+    dtype's limit ``numerics.near_overflow``. Gradient-scaler skips (fp16 ``16-mixed`` on GPU)
+    are normal and only counted. The details: the numerics page of the docs.
 
-    **Modes.** ``"sync"`` reads the flags on the host at every step (free on CPU; on GPU one
-    synchronization per step) and can act before the update and localize. ``"deferred"`` keeps
-    the flags on the device (no host synchronization) and reads them every
-    ``check_every_n_steps`` optimizer steps: the first bad step is still exact, but the update
-    of that step is not prevented and the step cannot be replayed (its batch and weights are
-    gone), so the finding is ``numerics.nonfinite_detected``; after a detection the tracer
-    switches to ``"sync"`` to localize the next occurrence. ``"auto"``: ``"sync"`` on CPU,
-    ``"deferred"`` on accelerators.
+    **Modes.** ``"sync"`` reads the flags on the host every step (free on CPU; one
+    synchronization per step on GPU), acts before the update and localizes. ``"deferred"`` keeps
+    them on the device and reads them every ``check_every_n_steps`` optimizer steps: the first
+    bad step is still exact, but its update happens and it cannot be replayed
+    (``numerics.nonfinite_detected``); the tracer then switches to ``"sync"`` to localize the
+    next one. ``"auto"``: ``"sync"`` on CPU, ``"deferred"`` on accelerators.
 
-    **Policy** (``on_nonfinite``): ``"stop"`` reports, drops the step's gradients (``.grad =
-    None``: the optimizer leaves weights and state untouched) and stops fit cleanly on every rank
-    (the report is written at fit end); ``"skip"`` drops the step's gradients and continues
-    (counts in the check's detail); ``"warn"`` reports and lets the step happen. In deferred
-    mode the policy acts when the flag is read.
+    **Policy** (``on_nonfinite``): ``"stop"`` reports, drops the step's gradients (the optimizer
+    leaves weights and state untouched) and stops fit cleanly on every rank; ``"skip"`` drops
+    them and continues; ``"warn"`` only reports. In deferred mode the policy acts when the flag
+    is read.
 
     Args:
         on_nonfinite: ``"stop"``, ``"skip"`` or ``"warn"``.
@@ -404,7 +393,7 @@ class NonFiniteTracer(TriageCallback):
         self.localized += 1
         if local_bad:
             parts = split_batch(self._batch, self.input_key, self.target_key)
-            self._forward(trainer, nonfinite_batch_verdicts(
+            self.add_verdicts(trainer, nonfinite_batch_verdicts(
                 parts.inputs, parts.targets, step=self._batch_step, batch_idx=self._batch_idx))
         try:
             run = self._replay(trainer, pl_module, float32=False)
@@ -449,13 +438,13 @@ class NonFiniteTracer(TriageCallback):
             return
         step, precision = self._batch_step, str(trainer.precision)
         if self._reduced is not None and ref is not None and ref.finite:
-            self._forward(trainer, precision_overflow_verdict(
+            self.add_verdicts(trainer, precision_overflow_verdict(
                 run, ref, self._reduced, pl_module, step=step, precision=precision,
                 batch_idx=self._batch_idx))
             return
         evidence = {**run.evidence(), "batch_idx": self._batch_idx, "precision": precision,
                     "on_nonfinite": self.on_nonfinite}
-        self._forward(trainer, localized_verdict(run, pl_module, step=step, evidence=evidence,
+        self.add_verdicts(trainer, localized_verdict(run, pl_module, step=step, evidence=evidence,
                                                  also_fp32=ref is not None))
 
     # ------------------------------------------------------------------ replay
@@ -468,13 +457,8 @@ class NonFiniteTracer(TriageCallback):
                            cuda_rng=self._cuda_rng, float32=float32, on_call=count)
 
     # ------------------------------------------------------------------ findings
-    def _forward(self, trainer: pl.Trainer, verdicts: list[Verdict] | Verdict | None) -> None:
-        for v in [verdicts] if isinstance(verdicts, Verdict) else verdicts or []:
-            self.add_finding(trainer, v.code, v.message, layer=v.layer, evidence=v.evidence,
-                             global_step=v.step)
-
     def _not_localized(self, trainer: pl.Trainer, signal: str, why: str) -> None:
-        self._forward(trainer, not_localized_verdict(signal, why, step=self._batch_step,
+        self.add_verdicts(trainer, not_localized_verdict(signal, why, step=self._batch_step,
                                                      batch_idx=self._batch_idx,
                                                      grad_peak=self._grad_peak))
 
@@ -490,7 +474,7 @@ class NonFiniteTracer(TriageCallback):
                       for g in opt.param_groups})
         if self.first_step is None:
             self.first_step = step
-        self._forward(trainer, nonfinite_params_verdict(
+        self.add_verdicts(trainer, nonfinite_params_verdict(
             bad_names, len(params), lrs, update_step=step, seen_at_step=self._batch_step,
             applied_bad=step is not None and self._bad_update_step == step,
             on_nonfinite=self.on_nonfinite))
@@ -512,7 +496,7 @@ class NonFiniteTracer(TriageCallback):
                                        every=self.check_every_n_steps)
             self.nonfinite_steps += 1
             self.first_step = verdict.step if self.first_step is None else self.first_step
-            self._forward(trainer, verdict)
+            self.add_verdicts(trainer, verdict)
         if self.on_nonfinite == "stop":
             trainer.should_stop = True
         self._sync = True
@@ -543,7 +527,7 @@ class NonFiniteTracer(TriageCallback):
         if not peaks:
             return
         values = torch.stack([v for _, v in peaks]).tolist()
-        self._forward(trainer, near_overflow_verdicts(
+        self.add_verdicts(trainer, near_overflow_verdicts(
             [(name, v) for (name, _), v in zip(peaks, values, strict=True)],
             self._reduced or torch.float16, self.near_overflow_ratio, step=self._batch_step,
             reported=self._near_reported))

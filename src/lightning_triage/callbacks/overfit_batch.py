@@ -43,7 +43,6 @@ from lightning_triage.functional.overfit_verdicts import (
     set_reference,
     skipped_verdict,
 )
-from lightning_triage.functional.verdict import Verdict
 from lightning_triage.functional.wiring import group_by_module
 from lightning_triage.probing import (
     Probe,
@@ -423,7 +422,7 @@ class OverfitBatchCheck(TriageCallback):
     # ------------------------------------------------------------------ conclusions
     def _skipped(self, trainer: pl.Trainer, why: str) -> None:
         self.skip(f"skipped: {why}")
-        self._forward(trainer, [skipped_verdict(why)])
+        self.add_verdicts(trainer, [skipped_verdict(why)])
 
     def _conclude(self, trainer: pl.Trainer, run: ProbeRun) -> None:
         out = conclude_probe(run, tolerance=self.tolerance, max_steps=self.max_steps,
@@ -435,12 +434,7 @@ class OverfitBatchCheck(TriageCallback):
             self.mark_ran(out.detail)
         else:
             self.skip(out.detail)
-        self._forward(trainer, out.verdicts)
-
-    def _forward(self, trainer: pl.Trainer, verdicts: list[Verdict]) -> None:
-        for v in verdicts:
-            self.add_finding(trainer, v.code, v.message, severity=v.severity, layer=v.layer,
-                             evidence=v.evidence, global_step=v.step)
+        self.add_verdicts(trainer, out.verdicts)
 
     # ------------------------------------------------------------------ report & state
     @override

@@ -153,7 +153,7 @@ class PaddingProbe(ProbeCallback):
             why = (f"the model raised {err.describe()} when run on a perturbed copy of the first "
                    "batch" if isinstance(err, UserCodeError) else str(err))
             self.results["skipped"] = why
-            self._forward(trainer, rules.padding_unfinished(why))
+            self.add_verdict(trainer, rules.padding_unfinished(why))
             self.mark_ran(f"skipped: {why}")
         finally:
             seconds = time.perf_counter() - start
@@ -227,7 +227,7 @@ class PaddingProbe(ProbeCallback):
                    if status == "no_head" else
                    f"the head output {tuple(result.get('shape', []))} is neither per position "
                    f"(dim 1 = {x.shape[1]}) nor pooled `(N, C)`")
-            self._forward(trainer, rules.padding_unaligned(why))
+            self.add_verdict(trainer, rules.padding_unaligned(why))
             self.mark_ran(f"skipped: {why}")
             return
         if status == "skipped":
@@ -235,7 +235,7 @@ class PaddingProbe(ProbeCallback):
             return
         if status == "nondeterministic":
             why, verdict = rules.padding_nondeterministic(result["noise"])
-            self._forward(trainer, verdict)
+            self.add_verdict(trainer, verdict)
             self.mark_ran(f"skipped: {why}")
             return
         leaks = result["leaks"]
@@ -243,7 +243,7 @@ class PaddingProbe(ProbeCallback):
             self.mark_ran(f"{base}: no leak (head `{self._label(pl_module, result['head'])}`)")
             return
         first = next((leak.first_module for leak in leaks if leak.first_module is not None), None)
-        self._forward(trainer, rules.padding_leak(
+        self.add_verdict(trainer, rules.padding_leak(
             self._label(pl_module, result["head"]), self._label(pl_module, first), result["head"],
             mask, leaks, result["noise"], list(x.shape[:2])))
         self.mark_ran(f"{base}: leak ({', '.join(leak.perturbation for leak in leaks)})")

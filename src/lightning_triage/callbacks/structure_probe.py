@@ -228,7 +228,7 @@ class StructureProbe(ProbeCallback):
 
     def _skipped(self, trainer: pl.Trainer, why: str, what: str, part: str = "") -> None:
         """Report (info) that the whole probe, or one ``part`` of it, could not run."""
-        self._forward(trainer, rules.probe_skipped(why, what, part))
+        self.add_verdict(trainer, rules.probe_skipped(why, what, part))
         if not part:
             self.results["skipped"] = why
             self.mark_ran(f"skipped: {why}")
@@ -330,7 +330,7 @@ class StructureProbe(ProbeCallback):
         verdict = rules.shape_mismatch(events, framework, head_name)
         self.results["shape"] = "ok" if verdict is None else "mismatch"
         if verdict is not None:
-            self._forward(trainer, verdict)
+            self.add_verdict(trainer, verdict)
 
     # ------------------------------------------------------------------ target leak
     def _check_target_leak(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
@@ -393,7 +393,7 @@ class StructureProbe(ProbeCallback):
             self._skipped(trainer, why, "Make the forward deterministic in eval mode (or pass "
                           "`forward_fn=`) to probe for a target leak.", part="target-leak probe")
             return 2
-        self._forward(trainer, rules.target_leak(
+        self.add_verdict(trainer, rules.target_leak(
             self._label(pl_module, head_name), head_name, self._layer(head_name), change, redrawn,
             start, list(y.shape)))
         return 2
@@ -498,7 +498,7 @@ class StructureProbe(ProbeCallback):
             first = run.rec.first_showing(leaf, mixes, run.deadline)
             where = rules.where_sentence(first, "mixes examples", out_name is None,
                                          type(pl_module).__name__)
-            self._forward(trainer, rules.batch_mixing(
+            self.add_verdict(trainer, rules.batch_mixing(
                 label, self._layer(first) or self._layer(out_name), first, where, mix,
                 run.probe_input, int(leaf.shape[0])))
             return
@@ -533,7 +533,7 @@ class StructureProbe(ProbeCallback):
 
             first = run.rec.first_showing(leaf, leaks, run.deadline)
             where = rules.where_sentence(first, "sees the future", False, type(pl_module).__name__)
-            self._forward(trainer, rules.causal_leak(
+            self.add_verdict(trainer, rules.causal_leak(
                 self._label(pl_module, run.head_name),
                 self._layer(first) or self._layer(run.head_name), first, where, dep, reason,
                 run.probe_input, int(length), positions))
