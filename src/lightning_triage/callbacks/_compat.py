@@ -119,15 +119,21 @@ def fp16_amp(trainer: pl.Trainer) -> bool:
     return str(trainer.precision) in FP16_AMP and trainer.strategy.root_device.type == "cuda"
 
 
+def _plugin_context(trainer: pl.Trainer, name: str) -> AbstractContextManager[Any]:
+    """The precision plugin's context ``name`` (``nullcontext`` without a plugin or one that
+    lacks it: full precision)."""
+    context: Callable[[], AbstractContextManager[Any]] | None = getattr(
+        _precision_plugin(trainer), name, None)
+    return context() if context is not None else nullcontext()
+
+
 def train_step_context(trainer: pl.Trainer) -> AbstractContextManager[Any]:
     """The context the run's ``training_step`` runs in (autocast under mixed precision).
 
     Written against Lightning 2.6.6: ``trainer.precision_plugin.train_step_context()``.
     Fallback, without a precision plugin: no context (``nullcontext``), full precision.
     """
-    plugin = _precision_plugin(trainer)
-    context: Callable[[], AbstractContextManager[Any]] | None = getattr(plugin, "train_step_context", None)
-    return context() if context is not None else nullcontext()
+    return _plugin_context(trainer, "train_step_context")
 
 
 def forward_context(trainer: pl.Trainer) -> AbstractContextManager[Any]:
@@ -136,9 +142,7 @@ def forward_context(trainer: pl.Trainer) -> AbstractContextManager[Any]:
     Written against Lightning 2.6.6: ``trainer.precision_plugin.forward_context()``.
     Fallback, without a precision plugin: no context (``nullcontext``), full precision.
     """
-    plugin = _precision_plugin(trainer)
-    context: Callable[[], AbstractContextManager[Any]] | None = getattr(plugin, "forward_context", None)
-    return context() if context is not None else nullcontext()
+    return _plugin_context(trainer, "forward_context")
 
 
 # ---------------------------------------------------------------------- signatures and overrides
