@@ -241,7 +241,9 @@ def padding_leak(head_label: str, first_label: str, head: str, mask: PaddingMask
     return Verdict(
         "structure.padding_leak", 0,
         f"The output of `{head_label}` depends on the padding "
-        f"(mask {mask.source}): {'; '.join(parts)}.{where_msg}",
+        f"(mask {mask.source}): {'; '.join(parts)}.{where_msg} Pass the padding mask to "
+        "attention (`key_padding_mask`), pool over the real positions only (masked mean) "
+        "and keep padded positions out of the loss (`ignore_index`).",
         layer=first or None,
         evidence={"mask": mask.source, "side": mask.side, "first_module": first,
                   "head": head,
