@@ -38,8 +38,10 @@ from lightning_triage.callbacks._compat import (
     metric_state,
     set_metric_state,
     share_trainer,
+    skip_hook,
     step_counter,
     train_step_context,
+    unskip_hooks,
 )
 from tests.helpers import make_trainer
 from tests.probe_models import Classifier, ManualClassifier, digits
@@ -231,6 +233,24 @@ def test_hook_takes_fallback_agrees(monkeypatch: pytest.MonkeyPatch, min_args: i
 
 
 # ---------------------------------------------------------------------- modules and metrics
+class CountsBatchEnds(Callback):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.calls += 1
+
+
+def test_a_skipped_hook_is_not_called_and_comes_back() -> None:
+    counter = CountsBatchEnds()
+    skip_hook(counter, "on_train_batch_end")
+    quiet_trainer(max_steps=3, callbacks=[counter]).fit(Classifier(), *digits())
+    assert counter.calls == 0  # Lightning skipped it, and the fit did not break on it
+    unskip_hooks(counter, ["on_train_batch_end"])
+    quiet_trainer(max_steps=3, callbacks=[counter]).fit(Classifier(), *digits())
+    assert counter.calls == 3
+
+
 def test_lightning_module_references_exist() -> None:
     # the names a snapshot of the module must leave alone are still the module's attributes
     assert LIGHTNING_MODULE_REFERENCES.issubset(vars(pl.LightningModule()))

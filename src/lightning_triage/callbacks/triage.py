@@ -14,6 +14,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage.callbacks._args import aliases, check_bool
+from lightning_triage.callbacks._compat import skip_hook, unskip_hooks
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
@@ -267,12 +268,11 @@ class Triage(Callback):
                 c for c in self._all_callees(hook)
                 if not (isinstance(c[0], TriageCallback) and c[0].idle)]
             if not callees and self._in_fit:
-                self.__dict__[hook] = None
+                skip_hook(self, hook)
 
     def _restore_hooks(self) -> None:
         """Undo :meth:`_refresh_active`'s ``None`` hooks (end of fit, exception, pickling)."""
-        for hook in _PER_STEP:
-            self.__dict__.pop(hook, None)
+        unskip_hooks(self, _PER_STEP)
 
     def _all_callees(self, hook: str) -> list[tuple[Callback, Callable[..., Any], bool]]:
         callees = self._callees_by_hook.get(hook)
