@@ -42,10 +42,6 @@ def _projection(shape: torch.Size, dtype: torch.dtype, device: torch.device, see
     return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
 
 
-def _norm(t: Tensor | None) -> float:
-    return 0.0 if t is None or t.numel() == 0 else float(t.detach().double().norm())
-
-
 def same_storage(a: Any, b: Any) -> bool:
     """Whether two tensors share memory (the same tensor, or a view of it).
 
