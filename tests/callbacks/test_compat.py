@@ -41,6 +41,7 @@ from lightning_triage.callbacks._compat import (
     skip_hook,
     step_counter,
     train_step_context,
+    training_step_args,
     unskip_hooks,
 )
 from tests.helpers import make_trainer
@@ -244,11 +245,39 @@ class CountsBatchEnds(Callback):
 def test_a_skipped_hook_is_not_called_and_comes_back() -> None:
     counter = CountsBatchEnds()
     skip_hook(counter, "on_train_batch_end")
-    quiet_trainer(max_steps=3, callbacks=[counter]).fit(Classifier(), *digits())
+    quiet_trainer(max_steps=3, enable_checkpointing=False, callbacks=[counter]).fit(Classifier(), *digits())
     assert counter.calls == 0  # Lightning skipped it, and the fit did not break on it
     unskip_hooks(counter, ["on_train_batch_end"])
-    quiet_trainer(max_steps=3, callbacks=[counter]).fit(Classifier(), *digits())
+    quiet_trainer(max_steps=3, enable_checkpointing=False, callbacks=[counter]).fit(Classifier(), *digits())
     assert counter.calls == 3
+
+
+class NoBatchIdx(Classifier):
+    def training_step(self, batch: Any) -> torch.Tensor:  # type: ignore[override]
+        return self.loss(batch)
+
+
+class StarArgs(Classifier):
+    def training_step(self, *args: Any) -> torch.Tensor:  # type: ignore[override]
+        assert len(args) == 2, args  # Lightning passes the batch index to `*args`
+        return self.loss(args[0])
+
+
+@pytest.mark.parametrize(("model", "expected"), [(Classifier, 2), (NoBatchIdx, 1), (StarArgs, 2)])
+def test_training_step_args_are_the_loops(model: type, expected: int) -> None:
+    assert len(training_step_args(model(), "batch", 7)) == expected
+    # the real loop agrees: a fit through the same step works
+    quiet_trainer(max_steps=2, enable_checkpointing=False).fit(model(), *digits())
+
+
+@pytest.mark.parametrize("model", [NoBatchIdx, StarArgs])
+def test_the_probes_call_training_step_as_the_loop_does(model: type) -> None:
+    from lightning_triage import OverfitBatchCheck, StructureProbe
+
+    probes = [StructureProbe(strict=True), OverfitBatchCheck(strict=True)]
+    quiet_trainer(max_steps=2, enable_checkpointing=False, callbacks=list(probes)).fit(model(), *digits())
+    codes = [f.code for p in probes for f in p.findings]
+    assert "structure.probe_skipped" not in codes and "triage.check_error" not in codes, codes
 
 
 def test_lightning_module_references_exist() -> None:

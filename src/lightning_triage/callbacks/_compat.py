@@ -211,6 +211,15 @@ def unskip_hooks(callback: Any, names: Iterable[str]) -> None:
         callback.__dict__.pop(name, None)
 
 
+def training_step_args(module: Any, batch: Any, batch_idx: int) -> tuple[Any, ...]:
+    """The arguments Lightning would pass to ``module.training_step`` for this batch:
+    ``(batch, batch_idx)``, or ``(batch,)`` when the step takes no ``batch_idx``
+    (:func:`hook_takes`, the loops' own rule)."""
+    if hook_takes(module.training_step, "batch_idx", min_args=2):
+        return batch, batch_idx
+    return (batch,)
+
+
 # ---------------------------------------------------------------------- modules and metrics
 def share_trainer(copy: Any, original: Any) -> None:
     """Give a deep copy of a ``LightningModule`` the original's trainer reference, which

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -11,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from lightning_triage.callbacks._compat import forward_context
+from lightning_triage.callbacks._compat import forward_context, training_step_args
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.functional.nonfinite import Localization, float32_state, localize_nonfinite
 from lightning_triage.probing import probe_module, step_loss
@@ -46,8 +45,7 @@ def replay_step(trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, 
         on_call: called before each ``training_step`` call (counts them).
     """
     batch = to_float32(batch) if float32 else batch
-    n_args = len(inspect.signature(pl_module.training_step).parameters)
-    args: tuple[Any, ...] = (batch, batch_idx) if n_args >= 2 else (batch,)
+    args = training_step_args(pl_module, batch, batch_idx)
     with probe_module(trainer, pl_module, trainer.optimizers, factor=2.0) as probe, \
             torch.enable_grad(), ExitStack() as stack:
         model = probe.module

@@ -19,10 +19,10 @@ from typing_extensions import override
 
 from lightning_triage.callbacks._args import check_batch_key, check_int, check_number
 from lightning_triage.callbacks._compat import (
-    hook_takes,
     metric_state,
     set_metric_state,
     train_step_context,
+    training_step_args,
 )
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.callbacks.gradient_wiring import sharded_strategy
@@ -312,8 +312,7 @@ class OverfitBatchCheck(TriageCallback):
         held = {id(p) for g in optimizer.param_groups for p in g["params"]}
         params = list(pl_module.named_parameters())
         trainable: dict[str, int] = {}
-        pass_idx = hook_takes(pl_module.training_step, "batch_idx", min_args=2)
-        args = (batch, 0) if pass_idx else (batch,)
+        args = training_step_args(pl_module, batch, 0)
         started = time.perf_counter()
         step_times: list[float] = []
         for step in range(self.max_steps):

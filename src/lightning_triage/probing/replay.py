@@ -10,7 +10,7 @@ from typing import Any
 import lightning.pytorch as pl
 from torch import Tensor, nn
 
-from lightning_triage.callbacks._compat import train_step_context
+from lightning_triage.callbacks._compat import train_step_context, training_step_args
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.probing.isolation import Probe, probe_module
@@ -37,7 +37,7 @@ def run_user_step(trainer: pl.Trainer, module: Any, batch: Any,
     with train_step_context(trainer), user_code():
         if forward_fn is not None:
             return forward_fn(module, batch)
-        return module.training_step(batch, 0)
+        return module.training_step(*training_step_args(module, batch, 0))
 
 
 def step_loss(output: Any) -> Tensor | None:
