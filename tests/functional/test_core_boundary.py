@@ -47,3 +47,15 @@ def test_the_scan_sees_a_lightning_import() -> None:
     source = "import torch\nfrom lightning.pytorch import Trainer\nfrom ...callbacks import base\n"
     modules = [m for _, m in imported_modules(source, CORE / "data" / "example.py")]
     assert [m for m in modules if forbidden(m)] == ["lightning.pytorch", "lightning_triage.callbacks"]
+
+
+PROBING = CORE.parent / "probing"
+
+
+@pytest.mark.parametrize("path", sorted(PROBING.rglob("*.py")), ids=lambda p: p.name)
+def test_probing_imports_no_callbacks(path: Path) -> None:
+    """``probing/`` sits below ``callbacks/``: it may use ``_compat`` but never the callbacks."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    bad = [node.lineno for node in ast.walk(tree)
+           if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lightning_triage.callbacks")]
+    assert bad == [], f"probing/{path.name} imports lightning_triage.callbacks at lines {bad}"

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from lightning_triage.callbacks._compat import forward_context, training_step_args
+from lightning_triage._compat import forward_context, training_step_args
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.functional.nonfinite import Localization, float32_state, localize_nonfinite
 from lightning_triage.probing import probe_module, step_loss

@@ -91,6 +91,12 @@ class TriageCallback(Callback):
     #: Bumped whenever a check's ``idle`` flag changes (bundles cache their per-step callees).
     idle_version = 0
 
+    #: The protocol stage this check belongs to (one of ``findings.STAGES``).
+    stage: ClassVar[str] = ""
+    #: The finding codes this check may report (each registered in ``findings``; each registered
+    #: code is declared by exactly one check).
+    codes: ClassVar[tuple[str, ...]] = ()
+
     #: The arguments that tell two instances apart: those not at their defaults join the class
     #: name in :attr:`state_key` (as in Lightning's ``EarlyStopping``).
     state_key_args: ClassVar[tuple[str, ...]] = ()

@@ -20,7 +20,7 @@ from lightning_triage.callbacks._args import (
     check_int,
     check_number,
 )
-from lightning_triage.callbacks._compat import StepCounter, grad_scaler, step_counter
+from lightning_triage._compat import StepCounter, grad_scaler, step_counter
 from lightning_triage.callbacks._nonfinite_replay import replay_step
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded

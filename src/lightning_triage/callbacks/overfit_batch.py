@@ -18,7 +18,7 @@ from torchmetrics import Metric
 from typing_extensions import override
 
 from lightning_triage.callbacks._args import check_batch_key, check_int, check_number
-from lightning_triage.callbacks._compat import (
+from lightning_triage._compat import (
     metric_state,
     set_metric_state,
     train_step_context,

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 from torch.optim import Optimizer
 
-from lightning_triage.callbacks._compat import share_trainer
+from lightning_triage._compat import share_trainer
 from lightning_triage.probing.snapshot import isolated
 from lightning_triage.probing.state import (
     ProbeUnavailableError,

@@ -10,7 +10,7 @@ from typing import Any
 import lightning.pytorch as pl
 from torch import Tensor, nn
 
-from lightning_triage.callbacks._compat import train_step_context, training_step_args
+from lightning_triage._compat import train_step_context, training_step_args
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.probing.isolation import Probe, probe_module

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from lightning_triage.callbacks._compat import LIGHTNING_MODULE_REFERENCES
+from lightning_triage._compat import LIGHTNING_MODULE_REFERENCES
 from lightning_triage.probing.state import (
     _SHARED_TYPES,
     _hook_dicts,

@@ -2,9 +2,9 @@
 
 Written against Lightning 2.6.6 and torchmetrics 1.9 (what the test suite pins). Each function
 says which internal it reads, what it falls back to where that internal is missing, and has a
-test in ``tests/callbacks/test_compat.py`` that fails when the fast path is not taken on the
+test in ``tests/test_compat.py`` that fails when the fast path is not taken on the
 pinned versions. No other module of the package reads a private Lightning or torchmetrics
-attribute: ``tests/callbacks/test_compat.py`` scans them.
+attribute: ``tests/test_compat.py`` scans them.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def skip_hook(callback: Any, name: str) -> None:
 
     Written against Lightning 2.6.6: the trainer calls a callback's hook only when
     ``getattr(callback, name)`` is callable, so an instance attribute ``None`` hides the class's
-    method. No fallback: ``tests/callbacks/test_compat.py`` fails if a fit calls a skipped hook or
+    method. No fallback: ``tests/test_compat.py`` fails if a fit calls a skipped hook or
     breaks on one.
     """
     callback.__dict__[name] = None

@@ -1,4 +1,4 @@
-"""The one place for Lightning and torchmetrics internals (``callbacks/_compat.py``).
+"""The one place for Lightning and torchmetrics internals (``_compat.py``).
 
 Each fast path has a test that fails when it is not taken on the pinned versions (Lightning
 2.6.6, the installed torchmetrics), and each fallback a test of its own. The scan at the end
@@ -25,8 +25,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import model_helpers, signature_utils
 from torch import nn
 
-from lightning_triage.callbacks import _compat
-from lightning_triage.callbacks._compat import (
+from lightning_triage import _compat
+from lightning_triage._compat import (
     LIGHTNING_MODULE_REFERENCES,
     METRIC_PRIVATE_STATE,
     _GlobalStep,
@@ -344,8 +344,8 @@ def test_metric_state_fallback_leaves_missing_names_out() -> None:
 
 
 # ---------------------------------------------------------------------- the scan
-SRC = Path(__file__).resolve().parents[2] / "src" / "lightning_triage"
-COMPAT = SRC / "callbacks" / "_compat.py"
+SRC = Path(__file__).resolve().parents[1] / "src" / "lightning_triage"
+COMPAT = SRC / "_compat.py"
 LIGHTNING_PACKAGES = ("lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics")
 #: Lightning modules that are not public API, whatever the names they hold.
 PRIVATE_MODULES = ("lightning.pytorch.utilities.signature_utils",
@@ -443,7 +443,7 @@ def test_no_lightning_internals_outside_compat() -> None:
             found.setdefault((rel, name), []).append(line)
     unexpected = {k: v for k, v in found.items() if k not in ALLOWED}
     assert not unexpected, (
-        "private Lightning/torchmetrics access outside callbacks/_compat.py "
+        "private Lightning/torchmetrics access outside _compat.py "
         f"(add a named function there): {unexpected}")
     stale = ALLOWED - set(found)
     assert not stale, f"replaced: remove from ALLOWED in {Path(__file__).name}: {sorted(stale)}"
