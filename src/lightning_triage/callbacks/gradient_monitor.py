@@ -19,8 +19,8 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_bool, check_choice, check_int
 from lightning_triage._compat import StepCounter, fp16_amp, step_counter
+from lightning_triage.callbacks._args import check_bool, check_choice, check_int
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
     log_finding,

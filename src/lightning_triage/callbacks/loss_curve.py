@@ -14,8 +14,8 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int, fail
 from lightning_triage._compat import StepCounter, is_overridden, step_counter
+from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int, fail
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
     log_finding,

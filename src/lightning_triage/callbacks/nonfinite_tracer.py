@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_triage._compat import StepCounter, grad_scaler, step_counter
 from lightning_triage.callbacks._args import (
     check_batch_key,
     check_bool,
@@ -20,7 +21,6 @@ from lightning_triage.callbacks._args import (
     check_int,
     check_number,
 )
-from lightning_triage._compat import StepCounter, grad_scaler, step_counter
 from lightning_triage.callbacks._nonfinite_replay import replay_step
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded

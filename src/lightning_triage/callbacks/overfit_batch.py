@@ -17,13 +17,13 @@ from torch.optim import Optimizer
 from torchmetrics import Metric
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_batch_key, check_int, check_number
 from lightning_triage._compat import (
     metric_state,
     set_metric_state,
     train_step_context,
     training_step_args,
 )
+from lightning_triage.callbacks._args import check_batch_key, check_int, check_number
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.callbacks.gradient_wiring import sharded_strategy
 from lightning_triage.callbacks.initial_loss import validate_task

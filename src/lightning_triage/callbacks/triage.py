@@ -13,8 +13,8 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import aliases, check_bool
 from lightning_triage._compat import skip_hook, unskip_hooks
+from lightning_triage.callbacks._args import aliases, check_bool
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
