@@ -56,6 +56,6 @@ PROBING = CORE.parent / "probing"
 def test_probing_imports_no_callbacks(path: Path) -> None:
     """``probing/`` sits below ``callbacks/``: it may use ``_compat`` but never the callbacks."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    bad = [node.lineno for node in ast.walk(tree)
-           if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lightning_triage.callbacks")]
+    bad = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+           and (node.module or "").startswith("lightning_triage.callbacks")]
     assert bad == [], f"probing/{path.name} imports lightning_triage.callbacks at lines {bad}"
