@@ -53,14 +53,16 @@ class CodeSpec:
     severity: Severity
     title: str
     hint: str
+    #: When the code fires, in one sentence for the docs (the thresholds are the rule's).
+    when: str = ""
 
     @property
     def stage(self) -> str:
         return self.code.split(".", 1)[0]
 
 
-def _spec(code: str, severity: Severity, title: str, hint: str) -> CodeSpec:
-    return CodeSpec(code, severity, title, hint)
+def _spec(code: str, severity: Severity, title: str, hint: str, *, when: str = "") -> CodeSpec:
+    return CodeSpec(code, severity, title, hint, when)
 
 
 _SPECS: tuple[CodeSpec, ...] = (
