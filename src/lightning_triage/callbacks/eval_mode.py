@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.types import STEP_OUTPUT
@@ -40,6 +40,9 @@ class EvalModeCheck(TriageCallback):
               callbacks:
                 - class_path: lightning_triage.EvalModeCheck
     """
+
+    stage: ClassVar[str] = "mode"
+    codes: ClassVar[tuple[str, ...]] = ("mode.train_mode_in_eval",)
 
     def __init__(self, *, strict: bool = False) -> None:
         super().__init__(strict=strict)
