@@ -315,7 +315,7 @@ _SPECS: tuple[CodeSpec, ...] = (
                "in the window, or a parameter's gradient was always 0."),
     _spec("grad.update_ratio", "warning", "Update-to-weight ratio far from ~1e-3",
           "Far above: lower the learning rate; far below: raise it (per layer in the evidence).",
-          when="A layer's median update-to-weight ratio `||dw|| / ||w||` (sampled every 10 steps) is below "
+          when="A layer's median ratio of update norm to weight norm (sampled every 10 steps) is below "
                "1e-5 or above 0.3."),
     # 9. numerics
     _spec("numerics.nonfinite_loss", "error", "The loss became NaN/Inf in the loss computation",
