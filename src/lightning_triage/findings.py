@@ -84,8 +84,9 @@ def _spec(code: str, severity: Severity, title: str, hint: str, *, when: str = "
 _SPECS: tuple[CodeSpec, ...] = (
     # 1. data
     _spec("data.nonfinite_input", "error", "Inputs hold NaN/Inf",
-          "Find the example indices in the evidence and trace them back through the dataset and "
-          "its transforms (a division by zero in normalization, a corrupt file, a missing value).",
+          "The model's inputs must be finite: find the example indices in the evidence and trace "
+          "them back through the dataset and its transforms (a division by zero in normalization, a "
+          "corrupt file, a missing value).",
           when="An input tensor of an inspected batch (or of the batch of a non-finite step) holds NaN/Inf "
                "(other tensors than the main input and the targets: NaN only, an attention mask holds "
                "`-inf` on purpose)."),
@@ -109,8 +110,10 @@ _SPECS: tuple[CodeSpec, ...] = (
           when="Integer class targets lie outside `[0, C)` (other than `ignore_index`), `C` being "
                "`num_classes` or the class dimension of the model's output on the first batch."),
     _spec("data.class_imbalance", "warning", "One class dominates the targets",
-          "Check the sampler and the labels; if the imbalance is real, use class weights or a "
-          "balanced sampler and judge the loss against the prior, not uniform chance.",
+          "Batches of a single class: shuffle the training loader (`shuffle=True` or a shuffling "
+          "sampler). One class dominating: check the sampler and the labels; if the imbalance is real, "
+          "use class weights or a balanced sampler and judge the loss against the class prior, not "
+          "uniform chance.",
           when="Over 64+ integer training targets, one class holds 50% of them (90% with 2 classes), or "
                "half of the batches hold a single class where a shuffled loader would rarely give one."),
     _spec("data.repeated_batch", "warning", "The loader yields the same batch again",
@@ -128,12 +131,14 @@ _SPECS: tuple[CodeSpec, ...] = (
           when="At least 5 validation examples, and 1% of the distinct validation examples seen, equal a "
                "training example seen (by fingerprint)."),
     _spec("data.train_val_shift", "warning", "Train and validation inputs differ in statistics",
-          "Apply the same preprocessing (normalization, resizing, tokenization) to both splits.",
+          "Apply the same preprocessing (normalization, scaling, resizing, tokenization) to both "
+          "splits.",
           when="Per-feature statistics of the main float input differ between training and validation "
                "batches: median standardized mean difference above 0.5, or median std ratio above 2."),
     _spec("data.label_misalignment", "warning", "Targets look unrelated to the inputs",
           "Check that inputs and labels are indexed together (shuffled separately? sorted "
-          "differently? an off-by-one join?).",
+          "differently? an off-by-one join?). A genuinely near-unpredictable task looks the same: "
+          "then ignore this.",
           when="Neither a 1-nearest-neighbour nor a nearest-centroid probe on up to 1024 training examples "
                "beats 100 label permutations by 3.5 standard deviations."),
     _spec("data.tiny_input_scale", "warning", "Inputs are far below unit scale",
@@ -220,8 +225,9 @@ _SPECS: tuple[CodeSpec, ...] = (
                "returned (info)."),
     # 5. structure
     _spec("structure.batch_mixing", "error", "Outputs mix examples of the batch",
-          "An operation mixes the batch dimension in eval mode: a softmax/normalization over "
-          "dim 0, a wrong `view`/`reshape`, or a transpose of batch and sequence dimensions.",
+          "An operation mixes the batch dimension in eval mode: a softmax/log_softmax or "
+          "normalization over `dim=0`, a `view`/`reshape` that merges the batch with another "
+          "dimension, or batch and sequence dimensions swapped.",
           when="In eval mode, an example's output depends on the inputs of other examples of the batch."),
     _spec("structure.causal_leak", "error", "Outputs see future positions",
           "Check the attention masks (upper triangle masked? its orientation? the encoder's too? "
@@ -235,8 +241,8 @@ _SPECS: tuple[CodeSpec, ...] = (
           when="Prediction and target shapes differ but broadcast against each other in the loss (e.g. "
                "`(N, 1)` against `(N,)`)."),
     _spec("structure.target_leak", "error", "The targets reach the forward pass",
-          "The model's outputs change when only the targets change: feed the decoder the "
-          "targets shifted right, and keep labels out of the features.",
+          "The targets reach the forward pass: feed the decoder the targets shifted right, and "
+          "keep labels out of the features (expected only for label-conditioned models).",
           when="The model's outputs change when only the targets of the batch change."),
     _spec("structure.padding_leak", "warning", "Outputs at real positions depend on the padding",
           "Pass the padding mask to attention (`key_padding_mask`/`attention_mask`), pool over the "
@@ -249,7 +255,9 @@ _SPECS: tuple[CodeSpec, ...] = (
                "non-deterministic output) (info)."),
     # 6. mode
     _spec("mode.train_mode_in_eval", "warning", "Dropout/BatchNorm in training mode during validation",
-          "Do not call `.train()` in validation hooks; Lightning puts the model in eval mode.",
+          "In training mode dropout stays active and BatchNorm uses and updates batch statistics, so "
+          "validation results are noisy and the running statistics absorb validation data. Remove the "
+          "`.train()` call from the validation hooks: Lightning puts the model in eval mode itself.",
           when="A dropout layer with `p > 0`, a BatchNorm layer that tracks running statistics, or an "
                "`nn.MultiheadAttention` with dropout is in training mode during validation."),
     # 7. curve

@@ -451,9 +451,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 trainer, "curve.sparse_validation",
                 f"Only {len(self.val)} validation loss(es) inside the first-epochs window of "
                 f"{self._window_n} steps ({self._val_runs} validation run(s) in the fit): the "
-                f"overfitting rule needs at least {needed}. Validate more often "
-                "(`val_check_interval=`, `check_val_every_n_epoch=1`) or widen the window "
-                "(`window_epochs=`, `window_steps=`).",
+                f"overfitting rule needs at least {needed}.",
                 evidence={"validation_in_window": len(self.val), "validation_runs": self._val_runs,
                           "needed": needed, "window_steps": self._window_n,
                           "check_val_every_n_epoch": trainer.check_val_every_n_epoch,
