@@ -393,6 +393,19 @@ def register_code(code: str, severity: Severity, title: str, hint: str, *,
     return spec
 
 
+def stage_line(code: str) -> str:
+    """The protocol stage of ``code`` and its question, for the reports ("" outside the protocol).
+
+    Example:
+        >>> stage_line("init.loss_above_chance")
+        'stage 2 of 9, init: Is the loss at step 0 near chance level?'
+    """
+    stage = code.split(".", 1)[0]
+    if stage not in STAGES:
+        return ""
+    return f"stage {STAGES.index(stage) + 1} of {len(STAGES)}, {stage}: {STAGE_QUESTIONS[stage]}"
+
+
 def stage_index(stage: str) -> int:
     """Position of ``stage`` in the protocol (the meta stage sorts last)."""
     return STAGES.index(stage) if stage in STAGES else len(STAGES)
