@@ -219,3 +219,19 @@ def test_every_code_is_declared_by_exactly_one_check() -> None:
         wrong = [c for c in cls.codes if c.split(".")[0] != cls.stage]
         assert not wrong, f"{cls.__name__} declares codes of another stage: {wrong}"
         assert set(cls.shared_codes) <= set(owners), f"{cls.__name__}: unknown shared codes"
+
+
+def test_gallery_holds_every_code_once_without_wall_times() -> None:
+    """Each registered code has an entry in docs/gallery.md or is on its list of codes without
+    a recorded example (`python docs/make_gallery.py --only CODE` puts a new code on one)."""
+    make = _load("make_gallery")
+    text = (DOCS / "gallery.md").read_text()
+    entries = make.read_entries(text)
+    _, _, rest = text.partition(make.MISSING_HEADING)
+    without = re.findall(r"^- `([\w.]+)`$", rest, flags=re.MULTILINE)
+    assert not set(entries) & set(without), "a code with an entry is listed as without one"
+    missing = sorted(set(CODES) - set(entries) - set(without))
+    assert not missing, f"run `python docs/make_gallery.py --only CODE` for {missing}"
+    assert set(entries) | set(without) <= set(CODES), "the gallery shows unregistered codes"
+    assert not make._WALL_TIME.search(text), "wall times churn the gallery: strip them"
+    assert make.read_entries(make.page(entries)) == entries  # --only keeps the other entries as they are
