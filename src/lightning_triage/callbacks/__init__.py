@@ -71,7 +71,9 @@ def code_owners() -> dict[str, list[str]]:
         ['EvalModeCheck']
     """
     owners: dict[str, list[str]] = {}
-    for cls in (TriageCallback, *CHECKS, TriageReport):
+    declarers: tuple[type[TriageCallback] | type[TriageReport], ...] = (
+        TriageCallback, *CHECKS, TriageReport)
+    for cls in declarers:
         for code in cls.codes:
             owners.setdefault(code, []).append(cls.__name__)
     return owners
