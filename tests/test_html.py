@@ -88,3 +88,21 @@ def test_html_escapes_user_text() -> None:
     report["run"]["model"] = "<script>alert(1)</script>"
     page = render_html(report, plots=False)
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_checklist_rows_place_every_check_by_its_declared_stage() -> None:
+    """The stage rows read the checks' `stage` (callbacks.CHECKS), so every check's detail is in
+    its stage's row, PaddingProbe and WorstErrors included, with the stage's one question."""
+    from lightning_triage.callbacks import CHECKS
+    from lightning_triage.findings import STAGE_QUESTIONS, STAGES
+    from lightning_triage.report import build_report
+
+    checks = [{"check": cls.__name__, "status": "passed", "detail": f"detail-of-{cls.__name__}"}
+              for cls in CHECKS]
+    page = render_html(build_report([], status="completed", run={}, checks=checks))
+    rows = page.split("<b>")
+    for cls in CHECKS:
+        row = next(r for r in rows if r.startswith(f"{cls.stage}</b>"))
+        assert f"detail-of-{cls.__name__}" in row, cls.__name__
+    for stage in STAGES:
+        assert html.escape(STAGE_QUESTIONS[stage]) in page

@@ -25,25 +25,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lightning_triage.findings import STAGES, stage_index
+from lightning_triage.findings import STAGE_QUESTIONS, STAGES, stage_index
 
-#: Which check runs which protocol stage (the checklist's rows).
-CHECK_STAGE = {
-    "BatchInspector": "data", "InitialLossCheck": "init", "GradientWiringCheck": "wiring",
-    "OverfitBatchCheck": "overfit", "StructureProbe": "structure", "EvalModeCheck": "mode",
-    "LossCurveMonitor": "curve", "GradientMonitor": "grad", "NonFiniteTracer": "numerics",
-}
-STAGE_QUESTION = {
-    "data": "Is the batch the model sees sane?",
-    "init": "Is the loss at step 0 near chance level?",
-    "wiring": "Does every trainable parameter receive a gradient?",
-    "overfit": "Can the model memorize one small batch?",
-    "structure": "Do outputs mix examples, see the targets or the future?",
-    "mode": "Are train/eval modes and the val pipeline right?",
-    "curve": "What does the loss curve's shape say?",
-    "grad": "Are gradient norms exploding, vanishing, spiking?",
-    "numerics": "Where does the first NaN/Inf appear?",
-}
 _SEV_COLOR = {"error": "#c0392b", "warning": "#b9770e", "info": "#5d6d7e"}
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
                  "error": "#8e44ad", "not run": "#7f8c8d"}
@@ -352,11 +335,14 @@ def _header(report: Mapping[str, Any]) -> str:
 
 
 def _stage_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    from lightning_triage.callbacks import check_stages  # the checks' declarations (they import us)
+
+    check_stage = check_stages()
     checks = report.get("checks", [])
     findings = report.get("findings", [])
     rows = []
     for i, stage in enumerate(STAGES, 1):
-        stage_checks = [c for c in checks if CHECK_STAGE.get(c["check"]) == stage]
+        stage_checks = [c for c in checks if check_stage.get(c["check"]) == stage]
         stage_findings = [f for f in findings if f["code"].split(".")[0] == stage]
         problems = [f for f in stage_findings if f["severity"] != "info"]
         if problems:
@@ -388,7 +374,7 @@ def _stage_rows(report: Mapping[str, Any]) -> list[list[str]]:
         if not cells and detail:
             cells.append(f'<span class="muted">{_md_code(detail[:300])}</span>')
         color = _STATUS_COLOR[status]
-        rows.append([str(i), f"<b>{stage}</b><br><span class=\"muted\">{_e(STAGE_QUESTION[stage])}</span>",
+        rows.append([str(i), f"<b>{stage}</b><br><span class=\"muted\">{_e(STAGE_QUESTIONS[stage])}</span>",
                      f'<b style="color:{color}">{status}</b>', "<br>".join(cells)])
     return rows
 
@@ -538,4 +524,4 @@ def render_html(report: Mapping[str, Any], *, plots: bool = True) -> str:
             f"<body><main>{body}</main></body></html>\n")
 
 
-__all__ = ["CHECK_STAGE", "render_html"]
+__all__ = ["render_html"]

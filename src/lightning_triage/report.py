@@ -17,6 +17,7 @@ from lightning_triage.findings import (
     Finding,
     explain_findings,
     sort_findings,
+    stage_line,
     start_here,
 )
 
@@ -216,8 +217,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     first = report.get("start_here")
     if first:
         lead = next(f for f in report["findings"] if f["code"] == first)
-        lines += [f"## Start here: `{first}`", "", f"**{lead['title']}.** {lead['message']}", "",
-                  f"Next: {lead['hint']}", ""]
+        lines += [f"## Start here: `{first}`", "", f"*{stage_line(first)}*", "",
+                  f"**{lead['title']}.** {lead['message']}", "", f"Next: {lead['hint']}", ""]
     else:
         lines += ["## No problems found", ""]
     if report["findings"]:
@@ -325,6 +326,7 @@ def print_report(report: Mapping[str, Any], console: Any | None = None,
     if lead is not None:
         console.print(Text.assemble(("Start here: ", "bold"), (lead["code"], "bold red"),
                                     f" {lead['title']}"))
+        console.print(Padding(Text(stage_line(lead["code"]), style="dim"), (0, 0, 0, 2)))
         console.print(Padding(Text(lead["message"]), (0, 0, 0, 2)))
         console.print(Padding(Text.assemble(("Next: ", "bold"), lead["hint"]), (0, 0, 0, 2)))
     else:

@@ -63,7 +63,7 @@ def test_gradient_verdicts_carry_numbers_and_layer() -> None:
     v = rules.batch_mixing("the output of `head`", "head", "norm", " where.", mix, "the batch", 8)
     assert v.code == "structure.batch_mixing" and v.layer == "head"
     assert "gradient norm 0.5 reaches them (largest: example 3) vs 1 for its own" in v.message
-    assert v.message.endswith("swapped. where.")
+    assert v.message.endswith("for its own input. where.")
     assert v.evidence["batch_size"] == 8 and v.evidence["first_module"] == "norm"
     dep = CausalDependence(2, list(range(3, 13)), 1.0, 0.5, 0.5, True, True)
     c = rules.causal_leak("Net", None, None, "", dep, "`causal=True`", "x", 13, [0, 2])

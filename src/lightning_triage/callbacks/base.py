@@ -91,11 +91,16 @@ class TriageCallback(Callback):
     #: Bumped whenever a check's ``idle`` flag changes (bundles cache their per-step callees).
     idle_version = 0
 
-    #: The protocol stage this check belongs to (one of ``findings.STAGES``).
-    stage: ClassVar[str] = ""
-    #: The finding codes this check may report (each registered in ``findings``; each registered
-    #: code is declared by exactly one check).
-    codes: ClassVar[tuple[str, ...]] = ()
+    #: The protocol stage this check belongs to (one of ``findings.STAGES``). The base class
+    #: owns the meta stage: every check may report ``triage.check_error``, built here.
+    stage: ClassVar[str] = "triage"
+    #: The finding codes this check owns and may report (each registered in ``findings``; each
+    #: registered code is declared by exactly one check, see ``callbacks.code_owners``). A check
+    #: that does not declare its own inherits the base's, and the docs tests fail.
+    codes: ClassVar[tuple[str, ...]] = ("triage.check_error",)
+    #: Codes owned by another check that this one may report too (the NaN tracer reports the
+    #: non-finite batch of the failing step with the data stage's codes).
+    shared_codes: ClassVar[tuple[str, ...]] = ()
 
     #: The arguments that tell two instances apart: those not at their defaults join the class
     #: name in :attr:`state_key` (as in Lightning's ``EarlyStopping``).

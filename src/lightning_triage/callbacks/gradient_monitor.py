@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning.pytorch as pl
 import numpy as np
@@ -116,6 +116,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
                 - class_path: lightning_triage.GradientMonitor
                   init_args: {window_steps: 200, on_spike: warn}
     """
+
+    stage: ClassVar[str] = "grad"
+    codes: ClassVar[tuple[str, ...]] = ("grad.exploding", "grad.vanishing", "grad.spike",
+        "grad.dead_units", "grad.update_ratio")
 
     state_key_args = ("window_epochs", "window_steps")
 

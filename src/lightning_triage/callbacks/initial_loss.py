@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.types import STEP_OUTPUT
@@ -85,6 +85,10 @@ class InitialLossCheck(TriageCallback):
                 - class_path: lightning_triage.InitialLossCheck
                   init_args: {task: multiclass, num_classes: 10}
     """
+
+    stage: ClassVar[str] = "init"
+    codes: ClassVar[tuple[str, ...]] = ("init.loss_above_chance", "init.loss_below_chance",
+        "init.chance_unknown")
 
     state_key_args = ("task", "num_classes", "input_key", "target_key")
 

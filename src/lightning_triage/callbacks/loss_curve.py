@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.types import STEP_OUTPUT
@@ -104,6 +104,11 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 - class_path: lightning_triage.LossCurveMonitor
                   init_args: {window_epochs: 2, window_steps: 200}
     """
+
+    stage: ClassVar[str] = "curve"
+    codes: ClassVar[tuple[str, ...]] = ("curve.not_learning", "curve.lr_too_low", "curve.lr_too_high",
+        "curve.diverging", "curve.plateau_at_chance", "curve.loss_spike", "curve.overfitting",
+        "curve.healthy", "curve.no_validation", "curve.sparse_validation")
 
     state_key_args = ("task", "num_classes", "window_epochs", "window_steps", "val_key")
 
@@ -446,9 +451,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 trainer, "curve.sparse_validation",
                 f"Only {len(self.val)} validation loss(es) inside the first-epochs window of "
                 f"{self._window_n} steps ({self._val_runs} validation run(s) in the fit): the "
-                f"overfitting rule needs at least {needed}. Validate more often "
-                "(`val_check_interval=`, `check_val_every_n_epoch=1`) or widen the window "
-                "(`window_epochs=`, `window_steps=`).",
+                f"overfitting rule needs at least {needed}.",
                 evidence={"validation_in_window": len(self.val), "validation_runs": self._val_runs,
                           "needed": needed, "window_steps": self._window_n,
                           "check_val_every_n_epoch": trainer.check_val_every_n_epoch,

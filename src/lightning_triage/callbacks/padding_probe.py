@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -88,6 +88,10 @@ class PaddingProbe(ProbeCallback):
                 - class_path: lightning_triage.PaddingProbe
                   init_args: {padding_mask_key: mask, max_examples: 8}
     """
+
+    stage: ClassVar[str] = "structure"
+    codes: ClassVar[tuple[str, ...]] = ("structure.padding_leak",)
+    shared_codes: ClassVar[tuple[str, ...]] = ("structure.probe_skipped",)
 
     state_key_args = ("padding_mask_key", "input_key", "target_key")
 

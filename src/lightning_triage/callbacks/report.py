@@ -7,7 +7,7 @@ import platform
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning
 import lightning.pytorch as pl
@@ -210,6 +210,10 @@ class TriageReport(Callback):
         >>> from lightning_triage import InitialLossCheck, TriageReport
         >>> trainer = Trainer(callbacks=[InitialLossCheck(), TriageReport(report_dir="runs/triage")])
     """
+
+    #: The report owns the run-settings context codes (``run.*``), which it builds itself.
+    stage: ClassVar[str] = "run"
+    codes: ClassVar[tuple[str, ...]] = ("run.unseeded",)
 
     def __init__(self, *, report_dir: str | os.PathLike[str] | None = None, verbose: bool = True,
                  html: bool = True, log_findings: bool = True, fail_on: FailOn | None = None,

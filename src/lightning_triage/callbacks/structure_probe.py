@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -132,6 +132,10 @@ class StructureProbe(ProbeCallback):
                 - class_path: lightning_triage.StructureProbe
                   init_args: {causal: true, max_examples: 16}
     """
+
+    stage: ClassVar[str] = "structure"
+    codes: ClassVar[tuple[str, ...]] = ("structure.batch_mixing", "structure.causal_leak",
+        "structure.shape_mismatch", "structure.target_leak", "structure.probe_skipped")
 
     state_key_args = ("causal", "input_key", "target_key")
 

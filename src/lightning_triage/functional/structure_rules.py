@@ -98,9 +98,7 @@ def target_leak(head_label: str, head_name: str | None, layer: str | None,
         f"The output of `{head_label}` changed when only the targets "
         f"changed ({redrawn}, inputs unchanged){' ' + where if where else ''}: max |diff| "
         f"{change.max_abs_diff:.4g} ({change.relative_diff:.3g} of its scale), "
-        f"{100 * change.fraction_changed:.0f}% of the compared values changed. The targets "
-        "reach the forward pass: feed the decoder the targets shifted right and keep labels "
-        "out of the features (expected only for label-conditioned models).",
+        f"{100 * change.fraction_changed:.0f}% of the compared values changed.",
         layer=layer,
         evidence={"module": head_name, "compared": change.compared,
                   "max_abs_diff": change.max_abs_diff, "relative_diff": change.relative_diff,
@@ -138,10 +136,7 @@ def batch_mixing(label: str, layer: str | None, first: str | None, where: str,
         "structure.batch_mixing", 0,
         f"In eval mode {label} for example 0 depends on the inputs of other examples: "
         f"gradient norm {mix.other_grad_norm:.3g} reaches them (largest: example "
-        f"{mix.worst_example}) vs {mix.own_grad_norm:.3g} for its own input. An operation "
-        "mixes the batch dimension: a softmax/log_softmax or normalization over `dim=0`, a "
-        "`view`/`reshape` that merges the batch with another dimension, or batch and "
-        f"sequence dimensions swapped.{where}",
+        f"{mix.worst_example}) vs {mix.own_grad_norm:.3g} for its own input.{where}",
         layer=layer,
         evidence={"output": label, "first_module": first, "example": 0,
                   "own_grad_norm": mix.own_grad_norm,
@@ -241,9 +236,7 @@ def padding_leak(head_label: str, first_label: str, head: str, mask: PaddingMask
     return Verdict(
         "structure.padding_leak", 0,
         f"The output of `{head_label}` depends on the padding "
-        f"(mask {mask.source}): {'; '.join(parts)}.{where_msg} Pass the padding mask to "
-        "attention (`key_padding_mask`), pool over the real positions only (masked mean) "
-        "and keep padded positions out of the loss (`ignore_index`).",
+        f"(mask {mask.source}): {'; '.join(parts)}.{where_msg}",
         layer=first or None,
         evidence={"mask": mask.source, "side": mask.side, "first_module": first,
                   "head": head,
