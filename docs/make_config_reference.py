@@ -19,7 +19,8 @@ import lightning_triage
 BEGIN, END = "<!-- config:begin -->", "<!-- config:end -->"
 CLASSES = ("Triage", "TriageReport", "BatchInspector", "InitialLossCheck", "GradientWiringCheck",
            "OverfitBatchCheck", "StructureProbe", "PaddingProbe", "EvalModeCheck",
-           "LossCurveMonitor", "GradientMonitor", "NonFiniteTracer", "WorstErrors")
+           "EvalContractCheck", "LossCurveMonitor", "GradientMonitor", "NonFiniteTracer",
+           "AutocastCheck", "WorstErrors")
 
 
 def type_name(hint: Any) -> str:

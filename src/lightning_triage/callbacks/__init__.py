@@ -1,5 +1,8 @@
 """Lightning callbacks: one per protocol concern, the report, and the ``Triage`` bundle."""
 
+from lightning_triage.callbacks.autocast_check import (
+    AutocastCheck,
+)
 from lightning_triage.callbacks.base import (
     TriageCallback,
 )
@@ -8,6 +11,9 @@ from lightning_triage.callbacks.batch_inspector import (
 )
 from lightning_triage.callbacks.eval_mode import (
     EvalModeCheck,
+)
+from lightning_triage.callbacks.eval_contract import (
+    EvalContractCheck,
 )
 from lightning_triage.callbacks.gradient_monitor import (
     GradientMonitor,
@@ -44,7 +50,9 @@ from lightning_triage.callbacks.worst_errors import (
 )
 
 __all__ = [
+    "AutocastCheck",
     "BatchInspector",
+    "EvalContractCheck",
     "EvalModeCheck",
     "GradientMonitor",
     "GradientWiringCheck",
