@@ -23,9 +23,11 @@ def test_bundle_runs_every_check_in_protocol_order() -> None:
         "StructureProbe",  # structure
         "PaddingProbe",  # structure
         "EvalModeCheck",  # mode
+        "EvalContractCheck",  # mode
         "LossCurveMonitor",  # curve
         "GradientMonitor",  # grad
         "NonFiniteTracer",  # numerics
+        "AutocastCheck",  # numerics
     ]
     assert "OverfitBatchCheck" not in [type(c).__name__ for c in Triage(overfit=False).checks]
 

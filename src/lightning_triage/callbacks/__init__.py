@@ -9,11 +9,11 @@ from lightning_triage.callbacks.base import (
 from lightning_triage.callbacks.batch_inspector import (
     BatchInspector,
 )
-from lightning_triage.callbacks.eval_mode import (
-    EvalModeCheck,
-)
 from lightning_triage.callbacks.eval_contract import (
     EvalContractCheck,
+)
+from lightning_triage.callbacks.eval_mode import (
+    EvalModeCheck,
 )
 from lightning_triage.callbacks.gradient_monitor import (
     GradientMonitor,

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -201,7 +201,7 @@ def autocast_bypassed(calls: Sequence[OpCall], *, precision: str, lowered: torch
         + (f", {e['share']:.0%})" if e["share"] is not None else ")") for e in ranked[:8])
     more = f" and {len(ranked) - 8} more" if len(ranked) > 8 else ""
     low = str(lowered).replace("torch.", "")
-    severity = "warning" if share >= warn_share else "info"
+    severity: Literal["warning", "info"] = "warning" if share >= warn_share else "info"
     return Verdict(
         "numerics.autocast_bypassed", step,
         f"Under `{precision}` precision, {len(bad)} of {len(calls)} call(s) of operations "

@@ -1,7 +1,8 @@
 """Module hooks recording one run of the user's code for a probe: a shape trace, the model's
 head output, the module that embeds integer inputs, the first module called on floats
-(:class:`ModuleRecorder`); and hooks that make what the model receives an autograd leaf
-(:func:`replace_input`, :func:`replace_output`)."""
+(:class:`ModuleRecorder`); every module call's input and output (:class:`CallTrace`); and hooks
+that make what the model receives an autograd leaf (:func:`replace_input`,
+:func:`replace_output`)."""
 
 from __future__ import annotations
 
@@ -305,5 +306,6 @@ def plan_leaf(module: nn.Module, batch: Any, inputs: Tensor,
     return None
 
 
-__all__ = ["MAX_LOCALIZE", "MAX_TRACE", "CallTrace", "LeafPlan", "ModuleRecorder", "plan_leaf", "replace_input",
+__all__ = ["MAX_LOCALIZE", "MAX_TRACE", "CallTrace", "LeafPlan", "ModuleRecorder", "plan_leaf",
+           "replace_input",
            "replace_output"]
