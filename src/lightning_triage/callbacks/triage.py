@@ -67,8 +67,8 @@ class Triage(Callback):
         overfit_time_budget: seconds the overfit probe may take (skipped when a step says it
             would not fit).
         forward_fn: ``callable(pl_module, batch) -> output`` running the model on a batch, for
-            the structure probes when they cannot find the forward through ``training_step``
-            (manual optimization).
+            the structure probes and :class:`AutocastCheck` when they cannot find the forward
+            through ``training_step`` (manual optimization).
         on_nonfinite: what :class:`NonFiniteTracer` does when a step goes NaN/Inf: ``"stop"``
             (report, drop the step's update, stop fit), ``"skip"`` (drop it and go on) or
             ``"warn"`` (report only).
