@@ -6,7 +6,9 @@ Example:
     >>> trainer = Trainer(callbacks=[Triage()])"""
 
 from lightning_triage.callbacks import (
+    AutocastCheck,
     BatchInspector,
+    EvalContractCheck,
     EvalModeCheck,
     GradientMonitor,
     GradientWiringCheck,
@@ -34,7 +36,9 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "CODES",
     "STAGES",
+    "AutocastCheck",
     "BatchInspector",
+    "EvalContractCheck",
     "EvalModeCheck",
     "Finding",
     "GradientMonitor",

@@ -260,6 +260,20 @@ _SPECS: tuple[CodeSpec, ...] = (
           "`.train()` call from the validation hooks: Lightning puts the model in eval mode itself.",
           when="A dropout layer with `p > 0`, a BatchNorm layer that tracks running statistics, or an "
                "`nn.MultiheadAttention` with dropout is in training mode during validation."),
+    _spec("mode.nondeterministic_eval", "warning", "Evaluation is random in eval mode",
+          "Gate the randomness on the mode: `F.dropout(x, p, training=self.training)`, "
+          "`scaled_dot_product_attention(..., dropout_p=self.p if self.training else 0.0)`, "
+          "noise layers only `if self.training`. If evaluation is random on purpose (MC dropout, "
+          "test-time augmentation), pass `stochastic_eval=True`.",
+          when="The same validation examples, run twice in eval mode from two random states, "
+               "give different outputs."),
+    _spec("mode.eval_loss_gap", "warning", "The evaluated model is not the model that trains",
+          "Look for a path only eval mode takes: BatchNorm running statistics never updated "
+          "(`momentum=0`, `track_running_stats` buffers overwritten or frozen), a weight "
+          "reparametrization or cache computed only when `self.training`, a buffer read before "
+          "it is filled.",
+          when="The loss of the same validation examples stays far higher in eval mode than in "
+               "training mode, and the gap does not shrink as training goes on."),
     # 7. curve
     _spec("curve.not_learning", "error", "The loss does not move",
           "The loss stays at its step-0 value: check the learning rate (0?), that the optimizer "
@@ -351,6 +365,13 @@ _SPECS: tuple[CodeSpec, ...] = (
           "Rescale the layer or keep it in float32 before it overflows.",
           when="Sampled under reduced precision (every 100 steps): a float16/bfloat16 module output "
                "exceeds 25% of its dtype's largest value."),
+    _spec("numerics.autocast_bypassed", "warning", "Mixed precision is not applied to some layers",
+          "The named modules run outside autocast: remove the `torch.autocast(enabled=False)` "
+          "block or the cast back to float32 around them, keep the forward in the thread that "
+          "runs `training_step` (autocast is per thread), or wrap a custom forward in "
+          "`torch.autocast(device_type)`. Keep in float32 only what needs the range.",
+          when="Under `*-mixed` precision, matrix products or convolutions return float32 at the "
+               "first training step (info when they are a small part of the compute)."),
     _spec("numerics.nonfinite_detected", "error", "A NaN/Inf was detected but not localized",
           "Run with `NonFiniteTracer(mode='sync')` (or `Triage(numerics_mode='sync')`) so the "
           "failing step is replayed and the first module, gradient or loss computation is named.",

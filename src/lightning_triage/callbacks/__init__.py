@@ -1,10 +1,16 @@
 """Lightning callbacks: one per protocol concern, the report, and the ``Triage`` bundle."""
 
+from lightning_triage.callbacks.autocast_check import (
+    AutocastCheck,
+)
 from lightning_triage.callbacks.base import (
     TriageCallback,
 )
 from lightning_triage.callbacks.batch_inspector import (
     BatchInspector,
+)
+from lightning_triage.callbacks.eval_contract import (
+    EvalContractCheck,
 )
 from lightning_triage.callbacks.eval_mode import (
     EvalModeCheck,
@@ -55,9 +61,11 @@ CHECKS: tuple[type[TriageCallback], ...] = (
     StructureProbe,
     PaddingProbe,
     EvalModeCheck,
+    EvalContractCheck,
     LossCurveMonitor,
     GradientMonitor,
     NonFiniteTracer,
+    AutocastCheck,
 )
 
 
@@ -91,7 +99,9 @@ def check_stages() -> dict[str, str]:
 
 __all__ = [
     "CHECKS",
+    "AutocastCheck",
     "BatchInspector",
+    "EvalContractCheck",
     "EvalModeCheck",
     "GradientMonitor",
     "GradientWiringCheck",
