@@ -7,6 +7,7 @@ Example:
 
 from lightning_triage.callbacks import (
     BatchInspector,
+    DataLoaderCheck,
     EvalModeCheck,
     GradientMonitor,
     GradientWiringCheck,
@@ -35,6 +36,7 @@ __all__ = [
     "CODES",
     "STAGES",
     "BatchInspector",
+    "DataLoaderCheck",
     "EvalModeCheck",
     "Finding",
     "GradientMonitor",

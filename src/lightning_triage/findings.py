@@ -102,6 +102,24 @@ _SPECS: tuple[CodeSpec, ...] = (
           "divided by their range twice?): check the normalization; standardize with the "
           "training set's mean and std. If the small scale is the data's own, rescaling still "
           "helps the default initializations and learning rates."),
+    _spec("data.short_batches", "warning", "The loader delivers fewer examples than its batch size",
+          "Check the `collate_fn` and any processor after the sampler (a transform of whole "
+          "batches, `on_after_batch_transfer`) for code that drops, filters or merges examples. "
+          "If dropping is deliberate (corrupt samples filtered out), filter in the dataset "
+          "instead, or keep in mind that the effective batch size (and the gradient noise) "
+          "differs from the configured one.",
+          when="training batches that are not the loader's last hold fewer examples than its "
+          "`batch_size` (info when only some of the first batches do)"),
+    _spec("data.shared_worker_rng", "warning", "DataLoader workers share one random generator",
+          "Give each worker its own generator: create or reseed it in the worker, from "
+          "`torch.utils.data.get_worker_info().seed` (in `__getitem__`/`__iter__`, or in a "
+          "`worker_init_fn` that sets `get_worker_info().dataset.<attribute>`), or draw from "
+          "`torch`'s global generator, which PyTorch reseeds in every worker and epoch. "
+          "`seed_everything(workers=True)` reseeds only the global generators, not those your "
+          "objects own.",
+          when="a training loader with `num_workers > 0` whose dataset (or a transform it holds) "
+          "owns a generator object that per-example code reads and nothing reseeds per worker "
+          "(info with a `worker_init_fn` that does not name it)"),
     _spec("data.unknown_batch_structure", "info", "The batch's inputs could not be found",
           "Pass `input_key=` and `target_key=` (a key, an index or a callable) to "
           "`BatchInspector` (or `Triage`) so the data checks can run."),
@@ -462,6 +480,8 @@ def _explainers(f: Finding, findings: Sequence[Finding]) -> list[str]:
     elif f.code == "curve.not_learning":
         found = [g for g in others if _names_cause(g, _NOT_LEARNING_CAUSES)
                  and (g.code != "grad.update_ratio" or g.evidence.get("direction") == "below")]
+    elif f.code == "data.repeated_batch":
+        found = [g for g in others if g.is_problem and g.code == "data.shared_worker_rng"]
     elif f.code == "curve.lr_too_low":
         found = [g for g in others if g.is_problem
                  and g.code in ("grad.vanishing", "data.tiny_input_scale")]
@@ -500,6 +520,8 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
     - ``curve.loss_spike``, ``grad.exploding``, ``grad.spike``: explained by a blow-up (a
       localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
       same step or at most :data:`SPIKE_WINDOW` steps later.
+    - ``data.repeated_batch``: explained by ``data.shared_worker_rng`` (workers drawing the
+      same random examples deliver the same batch).
     - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
       whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move
       the first layer).

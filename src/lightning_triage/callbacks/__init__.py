@@ -6,6 +6,9 @@ from lightning_triage.callbacks.base import (
 from lightning_triage.callbacks.batch_inspector import (
     BatchInspector,
 )
+from lightning_triage.callbacks.dataloader_check import (
+    DataLoaderCheck,
+)
 from lightning_triage.callbacks.eval_mode import (
     EvalModeCheck,
 )
@@ -45,6 +48,7 @@ from lightning_triage.callbacks.worst_errors import (
 
 __all__ = [
     "BatchInspector",
+    "DataLoaderCheck",
     "EvalModeCheck",
     "GradientMonitor",
     "GradientWiringCheck",

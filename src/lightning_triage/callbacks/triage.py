@@ -18,6 +18,7 @@ from lightning_triage.callbacks._args import aliases, check_bool
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
+from lightning_triage.callbacks.dataloader_check import DataLoaderCheck
 from lightning_triage.callbacks.eval_mode import EvalModeCheck
 from lightning_triage.callbacks.gradient_monitor import GradientMonitor, OnSpike
 from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
@@ -173,6 +174,7 @@ class Triage(Callback):
             self.checks: list[TriageCallback] = [
                 BatchInspector(num_classes=num_classes, input_key=ik, target_key=tk,
                                strict=strict),
+                DataLoaderCheck(strict=strict),
                 WorstErrors(input_key=ik, target_key=tk, strict=strict),
                 InitialLossCheck(task=task, num_classes=num_classes, input_key=ik, target_key=tk,
                                  strict=strict),
