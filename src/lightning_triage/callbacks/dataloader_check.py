@@ -46,12 +46,10 @@ def _part(batch: Any, keys: Keys) -> Any:
     """The part of a combined batch that the loader at ``keys`` delivered (``None``: not found,
     or an exhausted loader of ``CombinedLoader(mode="max_size")``)."""
     for key in keys:
-        if isinstance(key, int) and isinstance(batch, (list, tuple)) and key < len(batch):
-            batch = batch[key]
-        elif isinstance(batch, dict) and key in batch:
-            batch = batch[key]
-        else:
+        in_list = isinstance(key, int) and isinstance(batch, (list, tuple)) and key < len(batch)
+        if not in_list and not (isinstance(batch, dict) and key in batch):
             return None
+        batch = batch[key]
     return batch
 
 

@@ -91,7 +91,7 @@ def _global_state(value: Any) -> bool:
 def _user_classes(obj: Any) -> list[type]:
     """The classes of ``obj`` whose methods are its own code (not torch's, numpy's or builtins')."""
     return [cls for cls in type(obj).__mro__
-            if not cls.__module__.split(".")[0] in ("builtins", "torch", "numpy", "typing", "abc")]
+            if cls.__module__.split(".")[0] not in ("builtins", "torch", "numpy", "typing", "abc")]
 
 
 def _code_names(code: types.CodeType, depth: int = 0) -> set[str]:
@@ -140,7 +140,8 @@ def callable_names(fn: Any) -> set[str]:
     code = getattr(fn, "__code__", None)
     if isinstance(code, types.CodeType):
         return _code_names(code)
-    call = getattr(type(fn), "__call__", None)
+    call = next((vars(cls)["__call__"] for cls in type(fn).__mro__ if "__call__" in vars(cls)),
+                None)
     code = getattr(call, "__code__", None)
     return _code_names(code) if isinstance(code, types.CodeType) else set()
 
@@ -249,6 +250,8 @@ def _counted(node: _Node, names: set[str] | None, attribute: str | None, path: s
         return []
     if isinstance(node.value, types.FunctionType):  # a closure: the function reads it
         return [SharedRng(path, kind, path.rsplit(".", 1)[-1])]
+    owner_names: set[str] | None
+    name: str | None
     if names is not None and attribute is not None:
         owner_names, name = names, attribute
     else:
