@@ -304,3 +304,11 @@ def test_arguments_and_pickling() -> None:
     assert dc.stage == "data" and set(dc.codes) == {"data.short_batches", "data.shared_worker_rng"}
     assert pickle.loads(pickle.dumps(dc)).num_batches == 4
     assert isinstance(Triage().check("DataLoaderCheck"), DataLoaderCheck)
+
+
+def test_a_plain_iterable_is_skipped(tmp_path, digits) -> None:
+    x, y, _, _ = digits
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
+    dc = check()
+    fit(tmp_path, DigitsMLP(), batches, [dc])
+    assert dc.findings == [] and dc.check_status()["status"] == "skipped" and dc.idle

@@ -16,6 +16,7 @@ def test_bundle_runs_every_check_in_protocol_order() -> None:
     names = [type(c).__name__ for c in Triage().checks]
     assert names == [
         "BatchInspector",  # data
+        "DataLoaderCheck",  # data (the loader's contract)
         "WorstErrors",  # data (validation)
         "InitialLossCheck",  # init
         "GradientWiringCheck",  # wiring

@@ -306,3 +306,19 @@ def test_rule_severity_and_worker_init_fn() -> None:
 
     v = shared_rng_rule("train", rngs, num_workers=2, persistent=False, worker_init_fn=seed_numpy)
     assert v is not None and v.severity == "info" and "`seed_numpy`" in v.message
+
+
+class Reseeder:
+    """A callable `worker_init_fn` object."""
+
+    def __call__(self, worker_id: int) -> None:
+        get_worker_info().dataset.rng = np.random.default_rng(worker_id)
+
+
+def test_worker_init_fn_objects_and_several_generators() -> None:
+    rngs = [SharedRng("dataset.rng", "random.Random", "rng"),
+            SharedRng("dataset.g", "torch.Generator", "g")]
+    v = shared_rng_rule("train", rngs, num_workers=2, persistent=False, worker_init_fn=Reseeder())
+    assert v is not None and v.severity == "info" and v.evidence["paths"] == ["dataset.g"]
+    v = shared_rng_rule("train", rngs, num_workers=2, persistent=False, worker_init_fn=None)
+    assert v is not None and "random generators" in v.message and "`dataset.g`" in v.message

@@ -126,6 +126,10 @@ class DataLoaderCheck(TriageCallback):
             spec = loader_spec(_name(keys), loader)
             if spec is not None:
                 self._specs.append((keys, spec, BatchSizes()))
+        if not loaders:
+            self.skip("no training `DataLoader` (another iterable) to check")
+            self.idle = True
+            return
         workers = sum(1 for _, loader in loaders if loader.num_workers > 0)
         self.mark_ran(f"{len(loaders)} training loader(s), {workers} with workers; "
                       f"{len(self._specs)} with a batch size to check")

@@ -77,10 +77,8 @@ def loader_spec(name: str, loader: Any) -> LoaderSpec | None:
     iterable = isinstance(loader.dataset, IterableDataset)
     if not iterable and type(loader.batch_sampler) is not BatchSampler:
         return None
-    try:
-        length: int | None = len(loader)
-    except TypeError:  # an IterableDataset without `__len__`
-        length = None
+    # an IterableDataset's length is not its batch count (each worker ends on its own partial)
+    length = None if iterable else len(loader)
     return LoaderSpec(name, loader.batch_size, length, bool(loader.drop_last), iterable,
                       int(loader.num_workers))
 

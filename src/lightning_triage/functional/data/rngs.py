@@ -50,6 +50,8 @@ SETUP_METHODS = frozenset({"__init__", "__new__", "__post_init__", "__init_subcl
                            "__reduce_ex__", "__eq__", "__hash__"})
 MAX_DEPTH = 5
 MAX_NODES = 2000
+#: The walk stops after this many generators.
+MAX_FOUND = 64
 MAX_ITEMS = 32
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), Tensor, np.ndarray, type,
            types.ModuleType)
@@ -88,10 +90,10 @@ def _global_state(value: Any) -> bool:
         value is getattr(np.random.random, "__self__", None)
 
 
-def _user_classes(obj: Any) -> list[type]:
-    """The classes of ``obj`` whose methods are its own code (not torch's, numpy's or builtins')."""
-    return [cls for cls in type(obj).__mro__
-            if cls.__module__.split(".")[0] not in ("builtins", "torch", "numpy", "typing", "abc")]
+def _user_classes(cls: type) -> list[type]:
+    """``cls`` and its bases whose methods are user code (not torch's, numpy's or builtins')."""
+    return [c for c in cls.__mro__
+            if c.__module__.split(".")[0] not in ("builtins", "torch", "numpy", "typing", "abc")]
 
 
 def _code_names(code: types.CodeType, depth: int = 0) -> set[str]:
@@ -111,16 +113,21 @@ def _function(value: Any) -> types.FunctionType | None:
     return value if isinstance(value, types.FunctionType) else None
 
 
-def method_names(obj: Any) -> set[str] | None:
+def method_names(obj: Any) -> frozenset[str] | None:
     """The names the per-example methods of ``obj``'s own classes read (every method but
     :data:`SETUP_METHODS`); ``None`` when those classes define no method."""
+    return _class_names(type(obj))  # type: ignore[arg-type]  # mypy: `type` is not Hashable
+
+
+@functools.lru_cache(maxsize=256)
+def _class_names(cls: type) -> frozenset[str] | None:
     found: set[str] | None = None
-    for cls in _user_classes(obj):
-        for name, value in vars(cls).items():
+    for c in _user_classes(cls):
+        for name, value in vars(c).items():
             fn = _function(value)
             if fn is not None and name not in SETUP_METHODS:
                 found = (found or set()) | _code_names(fn.__code__)
-    return found
+    return None if found is None else frozenset(found)
 
 
 def callable_names(fn: Any) -> set[str]:
@@ -186,7 +193,7 @@ def _attributes(obj: Any, path: str) -> Iterator[tuple[str, str | None, Any]]:
         if i >= MAX_ITEMS * 4:
             break
         yield f"{path}.{key}", str(key), value
-    for cls in _user_classes(obj):  # generators kept on the class (shared by every instance)
+    for cls in _user_classes(type(obj)):  # generators kept on the class (shared by every instance)
         for key, value in vars(cls).items():
             if key not in attrs and _rng_kind(value) is not None:
                 yield f"{path}.{key}", key, value
@@ -220,7 +227,7 @@ def find_rngs(dataset: Any, *, root: str = "dataset") -> list[SharedRng]:
     found: list[SharedRng] = []
     seen: set[int] = set()
     queue = deque([_Node(dataset, root, 0, None, None, False)])
-    while queue and len(seen) < MAX_NODES:
+    while queue and len(seen) < MAX_NODES and len(found) < MAX_FOUND:
         node = queue.popleft()
         if id(node.value) in seen:
             continue
@@ -243,14 +250,14 @@ def find_rngs(dataset: Any, *, root: str = "dataset") -> list[SharedRng]:
     return found
 
 
-def _counted(node: _Node, names: set[str] | None, attribute: str | None, path: str, kind: str,
+def _counted(node: _Node, names: frozenset[str] | None, attribute: str | None, path: str, kind: str,
              aware: bool) -> list[SharedRng]:
     """The generator at ``path`` as a finding, when per-example code reads it."""
     if aware:
         return []
     if isinstance(node.value, types.FunctionType):  # a closure: the function reads it
         return [SharedRng(path, kind, path.rsplit(".", 1)[-1])]
-    owner_names: set[str] | None
+    owner_names: frozenset[str] | None
     name: str | None
     if names is not None and attribute is not None:
         owner_names, name = names, attribute
@@ -300,7 +307,8 @@ def shared_rng_rule(loader: str, rngs: list[SharedRng], *, num_workers: int, per
     return Verdict(
         "data.shared_worker_rng", None,
         f"The training loader `{loader}` runs {num_workers} worker processes {setup}, and its "
-        f"dataset owns a random generator created in the main process: {listed}. Every worker "
+        f"dataset owns {'a random generator' if len(rngs) == 1 else 'random generators'} created "
+        f"in the main process: {listed}. Every worker "
         f"starts from a copy of the same state, so the workers draw identical random "
         f"numbers{epochs}.",
         severity="info" if worker_init_fn is not None else "warning",
@@ -310,5 +318,5 @@ def shared_rng_rule(loader: str, rngs: list[SharedRng], *, num_workers: int, per
                   "worker_init_fn": worker_init_fn is not None})
 
 
-__all__ = ["MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "RNG_TYPES", "SETUP_METHODS", "WORKER_AWARE",
+__all__ = ["MAX_DEPTH", "MAX_FOUND", "MAX_ITEMS", "MAX_NODES", "RNG_TYPES", "SETUP_METHODS", "WORKER_AWARE",
            "SharedRng", "callable_names", "find_rngs", "method_names", "shared_rng_rule"]
