@@ -309,6 +309,14 @@ def test_arguments_and_pickling() -> None:
 def test_a_plain_iterable_is_skipped(tmp_path, digits) -> None:
     x, y, _, _ = digits
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
+
+    class Batches:
+        def __iter__(self) -> Any:
+            return iter(batches)
+
+        def __len__(self) -> int:
+            return len(batches)
+
     dc = check()
-    fit(tmp_path, DigitsMLP(), batches, [dc])
+    fit(tmp_path, DigitsMLP(), Batches(), [dc])
     assert dc.findings == [] and dc.check_status()["status"] == "skipped" and dc.idle
