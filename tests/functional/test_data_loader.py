@@ -241,6 +241,31 @@ class SetupOnly(Dataset):  # type: ignore[type-arg]
         return float(self.data[i])
 
 
+class ResampledPerEpoch(Dataset):  # type: ignore[type-arg]
+    """The main process redraws the order every epoch; workers only read it."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.order = self.rng.permutation(8)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        return int(self._lookup(i))
+
+    def _lookup(self, i: int) -> Any:
+        return self.order[i]
+
+
+class DrawsInAHelper(ResampledPerEpoch):
+    def _lookup(self, i: int) -> Any:
+        return self.order[i] + self.rng.random()
+
+
 class ReseedsPerWorker(Noisy):
     def __getitem__(self, i: int) -> Any:
         info = get_worker_info()
@@ -271,6 +296,8 @@ class Sneaky(Dataset):  # type: ignore[type-arg]
 
 def test_silent_when_only_setup_reads_it_or_the_code_reseeds() -> None:
     assert find_rngs(SetupOnly()) == []
+    assert find_rngs(ResampledPerEpoch()) == []
+    assert [r.path for r in find_rngs(DrawsInAHelper())] == ["dataset.rng"]
     assert find_rngs(ReseedsPerWorker(np.random.default_rng(0))) == []
     assert [r.path for r in find_rngs(Sneaky())] == ["dataset.rng"]
 

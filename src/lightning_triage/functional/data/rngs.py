@@ -12,9 +12,10 @@ every epoch (the main process's copy never advances). Lightning's
 :func:`find_rngs` walks the dataset's attributes without side effects: instance and class
 ``__dict__`` entries (never properties or ``__getattr__``), lists, tuples and dicts of bounded
 size, ``functools.partial`` arguments, bound methods and closures, at bounded depth. A generator
-counts only when code that runs per example can reach it: a method of its owner other than
-``__init__`` names the attribute, and no method on the path asks ``get_worker_info()`` or
-``torch.initial_seed()`` (code that reseeds per worker).
+counts only when code that runs per example reads it (a method of its owner reachable from
+``__getitem__``, ``__iter__``, ``__call__`` or ``forward`` names the attribute: not a generator
+used only in ``__init__`` or in a ``set_epoch`` the main process calls), and no method on the
+path asks ``get_worker_info()`` or ``torch.initial_seed()`` (code that reseeds per worker).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ RNG_TYPES: tuple[tuple[type, str], ...] = (
 )
 #: Names in code that reseeds per worker.
 WORKER_AWARE = frozenset({"get_worker_info", "initial_seed"})
+#: The methods a worker runs per example (a dataset's, a transform's, a module's).
+PER_EXAMPLE = ("__getitem__", "__getitems__", "__iter__", "__next__", "__call__", "forward")
 #: Methods that run once in the main process, not per example.
 SETUP_METHODS = frozenset({"__init__", "__new__", "__post_init__", "__init_subclass__",
                            "__repr__", "__str__", "__getstate__", "__setstate__", "__reduce__",
@@ -114,20 +117,45 @@ def _function(value: Any) -> types.FunctionType | None:
 
 
 def method_names(obj: Any) -> frozenset[str] | None:
-    """The names the per-example methods of ``obj``'s own classes read (every method but
-    :data:`SETUP_METHODS`); ``None`` when those classes define no method."""
-    return _class_names(type(obj))  # type: ignore[arg-type]  # mypy: `type` is not Hashable
+    """The names that code of ``obj``'s own classes run per example reads: the methods
+    reachable (through ``self.<method>``) from the entry points in :data:`PER_EXAMPLE`, or, for
+    a class with none (a helper whose methods others call), every method but
+    :data:`SETUP_METHODS`. ``None`` when those classes define no method."""
+    code = _class_code(type(obj))  # type: ignore[arg-type]  # mypy: `type` is not Hashable
+    return None if code is None else code[0]
+
+
+def _worker_aware(obj: Any) -> bool:
+    """Whether any method of ``obj``'s own classes names :data:`WORKER_AWARE` code."""
+    code = _class_code(type(obj))  # type: ignore[arg-type]
+    return code is not None and bool(code[1] & WORKER_AWARE)
 
 
 @functools.lru_cache(maxsize=256)
-def _class_names(cls: type) -> frozenset[str] | None:
-    found: set[str] | None = None
+def _class_code(cls: type) -> tuple[frozenset[str], frozenset[str]] | None:
+    """``(names read per example, names read by any method)`` (see :func:`method_names`)."""
+    methods: dict[str, types.FunctionType] = {}
     for c in _user_classes(cls):
         for name, value in vars(c).items():
             fn = _function(value)
-            if fn is not None and name not in SETUP_METHODS:
-                found = (found or set()) | _code_names(fn.__code__)
-    return None if found is None else frozenset(found)
+            if fn is not None and name not in methods:
+                methods[name] = fn
+    if not methods:
+        return None
+    every = frozenset().union(*(_code_names(fn.__code__) for fn in methods.values()))
+    todo = [n for n in PER_EXAMPLE if n in methods] or \
+        [n for n in methods if n not in SETUP_METHODS]
+    done: set[str] = set()
+    reads: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in done:
+            continue
+        done.add(name)
+        names = _code_names(methods[name].__code__)
+        reads |= names
+        todo += [n for n in names & methods.keys() if n not in done and n not in SETUP_METHODS]
+    return frozenset(reads), every
 
 
 def callable_names(fn: Any) -> set[str]:
@@ -233,7 +261,7 @@ def find_rngs(dataset: Any, *, root: str = "dataset") -> list[SharedRng]:
             continue
         seen.add(id(node.value))
         names = method_names(node.value)
-        owner, aware = node.owner, node.worker_aware or bool(names and names & WORKER_AWARE)
+        owner, aware = node.owner, node.worker_aware or _worker_aware(node.value)
         if node.depth >= MAX_DEPTH:
             continue
         for path, attribute, value in _children(node.value, node.path):
@@ -318,5 +346,6 @@ def shared_rng_rule(loader: str, rngs: list[SharedRng], *, num_workers: int, per
                   "worker_init_fn": worker_init_fn is not None})
 
 
-__all__ = ["MAX_DEPTH", "MAX_FOUND", "MAX_ITEMS", "MAX_NODES", "RNG_TYPES", "SETUP_METHODS", "WORKER_AWARE",
-           "SharedRng", "callable_names", "find_rngs", "method_names", "shared_rng_rule"]
+__all__ = ["MAX_DEPTH", "MAX_FOUND", "MAX_ITEMS", "MAX_NODES", "PER_EXAMPLE", "RNG_TYPES",
+           "SETUP_METHODS", "WORKER_AWARE", "SharedRng", "callable_names", "find_rngs",
+           "method_names", "shared_rng_rule"]
