@@ -8,6 +8,7 @@ Example:
 from lightning_triage.callbacks import (
     AutocastCheck,
     BatchInspector,
+    DataLoaderCheck,
     EvalContractCheck,
     EvalModeCheck,
     GradientMonitor,
@@ -38,6 +39,7 @@ __all__ = [
     "STAGES",
     "AutocastCheck",
     "BatchInspector",
+    "DataLoaderCheck",
     "EvalContractCheck",
     "EvalModeCheck",
     "Finding",

@@ -75,6 +75,8 @@ def _explainers(f: Finding, findings: Sequence[Finding]) -> list[str]:
     elif f.code == "curve.not_learning":
         found = [g for g in others if _names_cause(g, _NOT_LEARNING_CAUSES)
                  and (g.code != "grad.update_ratio" or g.evidence.get("direction") == "below")]
+    elif f.code == "data.repeated_batch":
+        found = [g for g in others if g.is_problem and g.code == "data.shared_worker_rng"]
     elif f.code == "curve.lr_too_low":
         found = [g for g in others if g.is_problem
                  and g.code in ("grad.vanishing", "data.tiny_input_scale")]

@@ -149,6 +149,24 @@ _SPECS: tuple[CodeSpec, ...] = (
           when="The main float input is non-negative, holds 64+ values per example and stays below 0.1 "
                "with rms below 0.05 (intensities scaled down twice); signed signals and few-feature "
                "tabular data stay silent."),
+    _spec("data.short_batches", "warning", "The loader delivers fewer examples than its batch size",
+          "Check the `collate_fn` and any processor after the sampler (a transform of whole "
+          "batches, `on_after_batch_transfer`) for code that drops, filters or merges examples. "
+          "If dropping is deliberate (corrupt samples filtered out), filter in the dataset "
+          "instead, or keep in mind that the effective batch size (and the gradient noise) "
+          "differs from the configured one.",
+          when="Training batches that are not the loader's last hold fewer examples than its "
+               "`batch_size` (info when only some of the first batches do)."),
+    _spec("data.shared_worker_rng", "warning", "DataLoader workers share one random generator",
+          "Give each worker its own generator: create or reseed it in the worker, from "
+          "`torch.utils.data.get_worker_info().seed` (in `__getitem__`/`__iter__`, or in a "
+          "`worker_init_fn` that sets `get_worker_info().dataset.<attribute>`), or draw from "
+          "`torch`'s global generator, which PyTorch reseeds in every worker and epoch. "
+          "`seed_everything(workers=True)` reseeds only the global generators, not those your "
+          "objects own.",
+          when="A training loader with `num_workers > 0` whose dataset (or a transform it holds) "
+               "owns a generator object that per-example code reads and nothing reseeds per worker "
+               "(info with a `worker_init_fn` that does not name it)."),
     _spec("data.unknown_batch_structure", "info", "The batch's inputs could not be found",
           "Pass `input_key=` and `target_key=` (a key, an index or a callable) to "
           "`BatchInspector` (or `Triage`) so the data checks can run.",

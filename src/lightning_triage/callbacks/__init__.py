@@ -9,6 +9,9 @@ from lightning_triage.callbacks.base import (
 from lightning_triage.callbacks.batch_inspector import (
     BatchInspector,
 )
+from lightning_triage.callbacks.dataloader_check import (
+    DataLoaderCheck,
+)
 from lightning_triage.callbacks.eval_contract import (
     EvalContractCheck,
 )
@@ -54,6 +57,7 @@ from lightning_triage.callbacks.worst_errors import (
 #: configuration reference and the docs' code tables read their ``stage`` and ``codes``.
 CHECKS: tuple[type[TriageCallback], ...] = (
     BatchInspector,
+    DataLoaderCheck,
     WorstErrors,
     InitialLossCheck,
     GradientWiringCheck,
@@ -101,6 +105,7 @@ __all__ = [
     "CHECKS",
     "AutocastCheck",
     "BatchInspector",
+    "DataLoaderCheck",
     "EvalContractCheck",
     "EvalModeCheck",
     "GradientMonitor",

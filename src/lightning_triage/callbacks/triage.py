@@ -19,6 +19,7 @@ from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.autocast_check import AutocastCheck
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
+from lightning_triage.callbacks.dataloader_check import DataLoaderCheck
 from lightning_triage.callbacks.eval_contract import EvalContractCheck
 from lightning_triage.callbacks.eval_mode import EvalModeCheck
 from lightning_triage.callbacks.gradient_monitor import GradientMonitor, OnSpike
@@ -179,6 +180,7 @@ class Triage(Callback):
             self.checks: list[TriageCallback] = [
                 BatchInspector(num_classes=num_classes, input_key=ik, target_key=tk,
                                strict=strict),
+                DataLoaderCheck(strict=strict),
                 WorstErrors(input_key=ik, target_key=tk, strict=strict),
                 InitialLossCheck(task=task, num_classes=num_classes, input_key=ik, target_key=tk,
                                  strict=strict),
