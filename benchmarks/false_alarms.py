@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import sys
 import tempfile
 import time
 import warnings
@@ -32,10 +31,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from lightning_triage import Triage  # noqa: E402
-from lightning_triage.demo.digits import load_digits_tensors  # noqa: E402
+from lightning_triage import Triage
+from lightning_triage.demo.digits import load_digits_tensors
 
 Built = tuple[pl.LightningModule, DataLoader, DataLoader, dict[str, Any]]
 
