@@ -11,7 +11,6 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_triage import (
