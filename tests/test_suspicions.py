@@ -50,7 +50,10 @@ def test_a_gradient_spike_is_a_warning_when_trouble_follows(confirm: str, step: 
 
 
 def test_a_spike_that_saw_the_loss_spike_itself_stays_a_warning() -> None:
-    assert severities([make("grad.spike", 40, loss_spike_followed=True)])["grad.spike"] == "warning"
+    spike = make("grad.spike", 40, loss_spike_followed=True)
+    assert severities([spike])["grad.spike"] == "warning"
+    # one batch's loss doubled, but the curve stage (loss against its noise) saw no spike
+    assert severities([spike, make("curve.healthy", 149)])["grad.spike"] == "info"
 
 
 @pytest.mark.parametrize("code", ["data.unnormalized_input", "data.tiny_input_scale"])

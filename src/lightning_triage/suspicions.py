@@ -45,7 +45,10 @@ class Suspicion:
         applies_if: an evidence key of the suspicion; when given, the row applies only when it
             is truthy (e.g. ``handled_by``: the user's callbacks handle the rise).
         shown_by: an evidence key of the suspicion; truthy: the finding itself saw the trouble
-            (e.g. ``loss_spike_followed``) and keeps its severity.
+            (e.g. ``loss_spike_followed``) and keeps its severity...
+        overruled_by: ...unless one of these codes is in the report: a finer judgement of the
+            same symptom found none (``curve.healthy``: the curve stage, which weighs a loss
+            against its noise, saw no spike where one batch's loss doubled).
         fine: what the info message adds: why this is context so far.
     """
 
@@ -56,6 +59,7 @@ class Suspicion:
     cleared_by: frozenset[str] = frozenset()
     applies_if: str | None = None
     shown_by: str | None = None
+    overruled_by: frozenset[str] = frozenset()
 
 
 #: A NaN/Inf anywhere: the trouble an input scale or a gradient spike predicts.
@@ -82,7 +86,8 @@ SUSPICIONS: dict[str, Suspicion] = {s.code: s for s in (
               | _NONFINITE,
               "An isolated spike: no loss spike, divergence or NaN followed, training looks fine "
               "so far: info, not a warning.",
-              within_steps=SPIKE_WINDOW, shown_by="loss_spike_followed"),
+              within_steps=SPIKE_WINDOW, shown_by="loss_spike_followed",
+              overruled_by=frozenset({"curve.healthy"})),
     Suspicion("curve.overfitting", frozenset(),
               "Your callbacks monitor this validation loss (they stop the run or keep the best "
               "checkpoint): info, not a warning.", applies_if="handled_by"),
@@ -93,7 +98,8 @@ _FINE_PREFIX = " Info: "
 
 def _confirmed(f: Finding, rule: Suspicion, findings: Sequence[Finding]) -> bool:
     """Whether the run shows the trouble ``f`` predicts."""
-    if rule.shown_by is not None and f.evidence.get(rule.shown_by):
+    if rule.shown_by is not None and f.evidence.get(rule.shown_by) \
+            and not any(g.code in rule.overruled_by for g in findings):
         return True
     for g in findings:
         if g is f or not g.is_problem or g.code not in rule.confirmed_by:
