@@ -323,7 +323,8 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("curve.overfitting", "warning", "Training loss falls while validation loss rises",
           "Add regularization or data, or stop earlier; check train/val distributions.",
           when="Validation 10% above its best at 2 validation runs in a row while the training loss kept "
-               "falling, the rise above `overfit_z` (2) standard errors."),
+               "falling, the rise above `overfit_z` (2) standard errors; never under `overfit_batches`, "
+               "info when the user's `EarlyStopping`/`ModelCheckpoint` watch that loss."),
     _spec("curve.healthy", "info", "The loss curve looks healthy", "Nothing to do.",
           when="None of the curve findings fired in the first-epochs window (info)."),
     _spec("curve.no_validation", "info", "No validation loss: overfitting cannot be seen",
@@ -334,21 +335,22 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("curve.sparse_validation", "info", "Too few validation runs inside the first epochs",
           "Validate more often (`val_check_interval=`, `check_val_every_n_epoch=1`) or widen the "
           "window (`window_epochs=`, `window_steps=`).",
-          when="At the end of training fewer than 3 validation losses fell inside the first-epochs window, "
-               "too few for the overfitting rule (info)."),
+          when="Validation ran less often than once per epoch and fewer than 3 validation losses fell "
+               "inside the first-epochs window, too few for the overfitting rule (info)."),
     # 8. grad
     _spec("grad.exploding", "error", "Gradient norms explode",
           "Lower the learning rate, clip gradients, check the initialization scale and "
           "normalization layers.",
           when="A non-finite total norm after growth, the median total norm of the window's last fifth "
-               "100x that of its first fifth, or the first weight layer's median norm 1000x the last "
-               "one's."),
+               "100x that of its first fifth (1e4x in a run that ended inside a window of 8-19 steps), "
+               "or the first weight layer's median norm 1000x the last one's."),
     _spec("grad.vanishing", "warning", "Gradients vanish in early layers",
           "Use ReLU-family activations, residual connections, normalization or a better init.",
           when="The first weight layer's median gradient norm is below 1/1000 of the last weight layer's."),
     _spec("grad.spike", "warning", "Gradient-norm spike",
           "Clip gradients (see the suggested value) and look at the batch of that step.",
-          when="The total gradient norm is 10 robust standard deviations and 10x above its running level."),
+          when="The total gradient norm is 10 robust standard deviations and 10x above its running level "
+               "(info unless a loss spike, a divergence or a NaN follows)."),
     _spec("grad.dead_units", "warning", "Dead units or layers with zero gradient",
           "Check biases and init that push ReLUs below zero; try LeakyReLU or a lower LR.",
           when="At least half of the output units of a `Linear`/`Conv` layer never got a non-zero gradient "

@@ -20,6 +20,7 @@ from lightning_triage.findings import (
     stage_line,
     start_here,
 )
+from lightning_triage.suspicions import settle_suspicions
 
 SCHEMA_ID = "lightning-triage/report/1"
 ReportStatus = Literal["completed", "interrupted", "crashed"]
@@ -113,6 +114,16 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _agree(check: Mapping[str, str], findings: Sequence[Finding]) -> dict[str, str]:
+    """A check's entry, ``failed`` only while one of its findings is still a problem (a
+    suspicion the run did not confirm is info)."""
+    out = dict(check)
+    if out.get("status") == "failed" and not any(
+            f.is_problem for f in findings if f.check == out.get("check")):
+        out["status"] = "passed"
+    return out
+
+
 def build_report(
     findings: Sequence[Finding],
     *,
@@ -122,9 +133,12 @@ def build_report(
     series: Mapping[str, Sequence[Sequence[float]]] | None = None,
     details: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the report dict: findings sorted by stage then step, each symptom's
-    ``explained_by`` set (:func:`~lightning_triage.findings.explain_findings`), ``start_here``
-    computed (cause before symptom, then protocol order).
+    """Assemble the report dict: each suspicion that the run does not confirm made info
+    (:func:`~lightning_triage.suspicions.settle_suspicions`), findings sorted by stage then
+    step, each symptom's ``explained_by`` set
+    (:func:`~lightning_triage.findings.explain_findings`), ``start_here`` computed (cause
+    before symptom, then protocol order), and a ``failed`` check whose findings all became info
+    reported ``passed``.
 
     ``details`` (optional, JSON-ready, bounded) holds what the HTML report draws beyond the
     series: ``first_batch``, ``grad_layers``, ``initial_loss``, ``chance``.
@@ -136,14 +150,14 @@ def build_report(
         >>> report["start_here"], report["schema"]
         ('init.loss_above_chance', 'lightning-triage/report/1')
     """
-    ordered = sort_findings(explain_findings(findings))
+    ordered = sort_findings(explain_findings(settle_suspicions(findings)))
     return {
         "schema": SCHEMA_ID,
         "status": status,
         "start_here": start_here(ordered),
         "run": dict(run),
         "findings": [f.to_dict() for f in ordered],
-        "checks": [dict(c) for c in checks],
+        "checks": [_agree(c, ordered) for c in checks],
         "series": {
             name: [[int(step), _finite_or_none(float(value))] for step, value in points]
             for name, points in (series or {}).items()

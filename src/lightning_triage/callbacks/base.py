@@ -23,6 +23,9 @@ from lightning_triage.findings import Finding, Severity
 from lightning_triage.functional.verdict import Verdict
 
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
+#: A check whose detail starts with this did not do its work (the rest says why): its status is
+#: ``"skipped"`` unless it found a problem before it stopped.
+SKIPPED_PREFIX = "skipped:"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -207,11 +210,12 @@ class TriageCallback(Callback):
     def check_status(self) -> dict[str, str]:
         """This check's entry of the report's ``checks`` list."""
         status: CheckStatus
+        problem = any(f.is_problem for f in self.findings if f.code != "triage.check_error")
         if self.disabled:
             status = "error"
-        elif not self.ran:
-            status = "skipped"
-        elif any(f.is_problem for f in self.findings if f.code != "triage.check_error"):
+        elif not self.ran or (not problem and self.detail.startswith(SKIPPED_PREFIX)):
+            status = "skipped"  # a detail that says "skipped: ..." is never "passed"
+        elif problem:
             status = "failed"
         else:
             status = "passed"

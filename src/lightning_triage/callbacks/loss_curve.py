@@ -18,6 +18,7 @@ from lightning_triage._compat import StepCounter, is_overridden, step_counter
 from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int, fail
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
+    handled_by,
     log_finding,
     log_to_loggers,
     scalar,
@@ -69,7 +70,10 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     ``curve.overfitting``, ``curve.healthy`` (info). At the end of training, for a run that
     filled a window long enough to classify: ``curve.no_validation`` (info) when no validation
     ran in the fit, ``curve.sparse_validation`` (info) when too few validation runs fell inside
-    the window for the overfitting rule.
+    the window for the overfitting rule and validation ran less often than once per epoch.
+    ``curve.overfitting`` is not reported under ``Trainer(overfit_batches=...)``; its evidence
+    names the user's ``EarlyStopping``/``ModelCheckpoint`` on the validation loss
+    (``handled_by``), which make it info (see :mod:`lightning_triage.suspicions`).
 
     Args:
         task: ``"auto"`` (infer from the first batch), ``"multiclass"``, ``"binary"``,
@@ -300,9 +304,15 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 continue
             if v.code in ("curve.diverging", "curve.overfitting") and self.has_finding(v.code):
                 continue  # one divergence / overfitting verdict per window
+            extra: dict[str, Any] = {}
+            if v.code == "curve.overfitting":
+                if getattr(trainer, "overfit_batches", 0):
+                    continue  # the user memorizes a few batches on purpose
+                extra["handled_by"] = handled_by(trainer, self.val_key)
             self._reported.add(key)
             finding = self.add_verdict(trainer, v, after_window=after_window,
-                                       chance=None if self.chance is None else self.chance.value)
+                                       chance=None if self.chance is None else self.chance.value,
+                                       **extra)
             log_finding(trainer, finding, scalar(v.evidence, "ratio"))
 
     def _report_events(self, trainer: pl.Trainer, events: list[SpikeEvent], steps: list[int],
@@ -446,7 +456,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 f"verdict rests on the training loss of {self._window_n} steps alone.",
                 evidence={"reason": why, "validation_runs": self._val_runs,
                           "window_steps": self._window_n})
-        elif len(self.val) < needed:
+        elif len(self.val) < needed and self._val_runs < trainer.current_epoch:
+            # rarer than once per epoch (once per epoch is the norm: not worth a note)
             finding = self.add_finding(
                 trainer, "curve.sparse_validation",
                 f"Only {len(self.val)} validation loss(es) inside the first-epochs window of "
