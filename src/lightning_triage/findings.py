@@ -138,10 +138,10 @@ _SPECS: tuple[CodeSpec, ...] = (
           "layers, and a loss bounded away from zero (cross-entropy on probabilities)."),
     _spec("overfit.loss_on_probabilities", "error",
           "The loss applies log-softmax to outputs that are already probabilities",
-          "The model's outputs are in [0, 1] and sum to 1 (a softmax in the model) and the "
-          "loss (`F.cross_entropy`) applies its own softmax: the loss is bounded away from zero "
-          "and its gradients are tiny. Return logits from the model, or use "
-          "`F.nll_loss(torch.log(p), y)` on probabilities."),
+          "Cross-entropy gets probabilities (a softmax in the model, or in the loss code "
+          "before `F.cross_entropy`) and applies its own softmax: the loss is bounded away "
+          "from zero and its gradients are tiny. Pass logits to `F.cross_entropy` (remove the "
+          "extra softmax), or use `F.nll_loss(torch.log(p), y)` on probabilities."),
     _spec("overfit.passed", "info", "Overfit one small batch",
           "The model, loss and optimizer can learn; look at data and curves for the rest."),
     _spec("overfit.inconclusive", "info", "Overfit probe inconclusive",
