@@ -190,11 +190,13 @@ class PaddingProbe(ProbeCallback):
 
         def run(b: Any) -> Recording:
             # a fresh copy per pass, every RNG as at the start: paired passes start alike
+            inputs = split_batch(b, self.input_key, self.target_key).inputs
+            examples = n if inputs is None else inputs.shape[0]  # fewer rows: a shorter pass
             with eval_copy(trainer, pl_module, saved, factor=1.0) as probe, torch.no_grad(), \
                     warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.results["isolation"] = probe.how
-                with record_outputs(probe.module, n) as rec:
+                with record_outputs(probe.module, examples) as rec:
                     self._run(trainer, probe.module, b)
                 return rec
 
@@ -207,10 +209,10 @@ class PaddingProbe(ProbeCallback):
         try:
             result = probe_padding(run, batch, x, mask, targets=y,
                                    ignore_index=self.ignore_index, tolerance=self.tolerance,
-                                   gate=gate)
+                                   gate=gate, pass_errors=(UserCodeError,))
         except BaseException:
             if trainer.world_size > 1:  # answer the decisions this rank will not reach
-                for _ in range(len(asked), 3):
+                for _ in range(len(asked), 4):
                     trainer.strategy.reduce_boolean_decision(False, all=True)
             raise
         finally:
@@ -239,6 +241,12 @@ class PaddingProbe(ProbeCallback):
             self.mark_ran(f"skipped: {why}")
             return
         leaks = result["leaks"]
+        failed = result["failed"]
+        self.results["failed_passes"] = dict(failed)
+        if failed:
+            base += "; " + "; ".join(f"the {kind} pass failed ({why})" for kind, why in failed.items())
+        if "fewer" in result:
+            base += f"; compared with {result['fewer']} fewer padded positions instead"
         if not leaks:
             self.mark_ran(f"{base}: no leak (head `{self._label(pl_module, result['head'])}`)")
             return

@@ -230,8 +230,8 @@ def padding_leak(head_label: str, first_label: str, head: str, mask: PaddingMask
     (or pooled) when only the padding changed (``leaks``, one per perturbation)."""
     parts = []
     for leak in leaks:
-        what = ("other token ids at the padded positions" if leak.perturbation == "content"
-                else "more padded positions")
+        what = {"content": "other token ids at the padded positions",
+                "amount": "more padded positions"}.get(leak.perturbation, "fewer padded positions")
         where = "at the real positions" if leak.change.compared == "positions" else "(pooled)"
         parts.append(f"{what} moved it {where} by up to {leak.change.max_abs_diff:.3g} "
                      f"({100 * leak.change.relative_diff:.3g}% of its largest value)")
