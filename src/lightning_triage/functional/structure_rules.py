@@ -22,6 +22,8 @@ from lightning_triage.functional.structure import (
     OutputChange,
     broadcast_mismatch,
     is_next_token,
+    labels_are_inputs,
+    target_shift,
     parse_size_warning,
 )
 from lightning_triage.functional.verdict import Verdict
@@ -175,9 +177,12 @@ def causal_leak(head_label: str, layer: str | None, first: str | None, where: st
 
 
 def causal_reason(causal: bool | None, inputs: Tensor, targets: Tensor | None,
-                  ignore_index: int) -> str | None:
-    """Why the causal probe runs: ``causal=True``, or (``causal=None``) next-token data;
-    ``None``: it does not.
+                  ignore_index: int, loss_targets: Sequence[Tensor] = ()) -> str | None:
+    """Why the causal probe runs: ``causal=True``, or (``causal=None``) next-token data: the
+    targets are the inputs shifted by one, or the targets are the inputs (``labels =
+    input_ids``) and a loss was given them shifted by one (``loss_targets``, as
+    :class:`~lightning_triage.functional.structure.LossWatch` saw them: the model shifts
+    inside); ``None``: it does not.
 
     Example:
         >>> import torch
@@ -193,6 +198,12 @@ def causal_reason(causal: bool | None, inputs: Tensor, targets: Tensor | None,
         return (f"next-token data: targets[:, :-1] == inputs[:, 1:] on the probed batch "
                 f"({targets.shape[0]} sequences of {targets.shape[1]} tokens), so the model must "
                 "be causal")
+    if causal is None and labels_are_inputs(inputs, targets, ignore_index) and any(
+            target_shift(inputs, t, ignore_index) == 1 for t in loss_targets):
+        assert targets is not None
+        return (f"next-token data: the targets are the inputs (`labels = input_ids`, "
+                f"{targets.shape[0]} sequences of {targets.shape[1]} tokens) and the loss "
+                "compares each position with the next token, so the model must be causal")
     return None
 
 
