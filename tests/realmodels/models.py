@@ -142,8 +142,12 @@ def bidirectional_lm() -> HFModule:
 # ---------------------------------------------------------------------------------------------
 # digits: a ResNet-style CNN with BatchNorm and a small classifier for the Lightning set-ups
 # ---------------------------------------------------------------------------------------------
-def digits(seed: int = 0, batch_size: int = 32, n_train: int = 512) -> tuple[DataLoader, DataLoader]:
-    x, y, xv, yv = load_digits_tensors()
+def digits(seed: int = 0, batch_size: int = 32, n_train: int = 512,
+           raw: bool = False) -> tuple[DataLoader, DataLoader]:
+    """Digits loaders: standardized pixels, or ``raw`` ones scaled to 0-256 like 8-bit images."""
+    x, y, xv, yv = load_digits_tensors(standardize=not raw)
+    if raw:
+        x, xv = 16 * x, 16 * xv
     train = DataLoader(TensorDataset(x[:n_train], y[:n_train]), batch_size=batch_size,
                        shuffle=True, generator=torch.Generator().manual_seed(seed))
     return train, DataLoader(TensorDataset(xv[:128], yv[:128]), batch_size=64)

@@ -109,3 +109,21 @@ def test_causal_false_turns_the_labels_convention_off(tmp_path: Path) -> None:
     quiet_trainer(tmp_path, [probe], max_steps=1).fit(bidirectional_lm(), token_loaders("lm")[0])
     assert "causal" not in probe.results
     assert probe.findings == []
+
+
+def test_labels_equal_to_inputs_without_a_shift_in_the_loss_is_not_next_token(tmp_path: Path) -> None:
+    # BertForMaskedLM compares each position with its own label (no shift): a reconstruction,
+    # not next-token prediction, so a bidirectional model is right and the causal probe stays off
+    from transformers import BertConfig, BertForMaskedLM
+
+    from tests.realmodels.models import VOCAB, HFModule
+
+    pl.seed_everything(0, verbose=False)
+    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=LENGTH)
+    probe = StructureProbe(strict=True)
+    quiet_trainer(tmp_path, [probe], max_steps=1).fit(HFModule(BertForMaskedLM(config)),
+                                                      token_loaders("lm")[0])
+    assert "causal" not in probe.results
+    assert probe.findings == []

@@ -241,12 +241,8 @@ class PaddingProbe(ProbeCallback):
             self.mark_ran(f"skipped: {why}")
             return
         leaks = result["leaks"]
-        failed = result["failed"]
-        self.results["failed_passes"] = dict(failed)
-        if failed:
-            base += "; " + "; ".join(f"the {kind} pass failed ({why})" for kind, why in failed.items())
-        if "fewer" in result:
-            base += f"; compared with {result['fewer']} fewer padded positions instead"
+        self.results["failed_passes"] = dict(result["failed"])
+        base += self._partial(result)
         if not leaks:
             self.mark_ran(f"{base}: no leak (head `{self._label(pl_module, result['head'])}`)")
             return
@@ -255,6 +251,14 @@ class PaddingProbe(ProbeCallback):
             self._label(pl_module, result["head"]), self._label(pl_module, first), result["head"],
             mask, leaks, result["noise"], list(x.shape[:2])))
         self.mark_ran(f"{base}: leak ({', '.join(leak.perturbation for leak in leaks)})")
+
+    @staticmethod
+    def _partial(result: Mapping[str, Any]) -> str:
+        """The passes that failed and what replaced them, for the detail."""
+        text = "".join(f"; the {kind} pass failed ({why})" for kind, why in result["failed"].items())
+        if "fewer" in result:
+            text += f"; compared with {result['fewer']} fewer padded positions instead"
+        return text
 
     @staticmethod
     def _label(pl_module: pl.LightningModule, name: str | None) -> str:

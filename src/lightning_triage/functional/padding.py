@@ -571,18 +571,7 @@ def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, m
     twin = run(batch) if ask("twin", head_entry is not None) else None
     passes += twin is not None
     if head_entry is not None and twin is not None:
-        head = head_entry[1]
-        twin_head = twin.head
-        if twin_head is None or twin_head[1].shape != head.shape:
-            result.update(status="nondeterministic", noise=math.inf)
-        else:
-            noise = compare_at_real(head, twin_head[1], mask.real, tolerance=tolerance)
-            if noise is None:
-                result.update(status="unaligned", shape=list(head.shape))
-            else:
-                result["noise"] = noise.relative_diff
-                if noise.moved:
-                    result["status"] = "nondeterministic"
+        result.update(_twin_check(head_entry[1], twin, mask, tolerance))
     elif head_entry is not None:
         result["status"] = "skipped"  # another rank could not run it
     ready = result["status"] == "ok"
@@ -623,6 +612,19 @@ def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, m
     return result
 
 
+def _twin_check(head: Tensor, twin: Recording, mask: PaddingMask,
+                tolerance: float) -> dict[str, Any]:
+    """The result entries of the determinism control: the same batch run twice."""
+    twin_head = twin.head
+    if twin_head is None or twin_head[1].shape != head.shape:
+        return {"status": "nondeterministic", "noise": math.inf}
+    noise = compare_at_real(head, twin_head[1], mask.real, tolerance=tolerance)
+    if noise is None:
+        return {"status": "unaligned", "shape": list(head.shape)}
+    return {"noise": noise.relative_diff,
+            **({"status": "nondeterministic"} if noise.moved else {})}
+
+
 def _leak(kind: Literal["content", "amount", "fewer"], base: Recording, other: Recording | None,
           real: Tensor, offset: int, tolerance: float) -> list[PaddingLeak]:
     """``[PaddingLeak]`` when the head output of ``other`` moved from ``base``'s at the real
@@ -645,8 +647,8 @@ __all__ = [
     "RealChange",
     "Recording",
     "compare_at_real",
-    "find_padding_mask",
     "fewer_padding_batch",
+    "find_padding_mask",
     "first_moved",
     "more_padding_batch",
     "pad_content_batch",

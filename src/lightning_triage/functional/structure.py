@@ -562,7 +562,8 @@ class LossWatch(TorchFunctionMode):
         if func in _LOSSES and len(tensors) >= 2 and any(derived[1:]) and not derived[0] \
                 and len(self.loss_inputs) < self.max_events:
             self.loss_inputs.append((getattr(func, "__name__", str(func)), tensors[0]))
-            self.loss_targets.append(next(t for t, d in zip(tensors[1:], derived[1:]) if d).detach())
+            target = next(t for t, d in zip(tensors[1:], derived[1:], strict=True) if d)
+            self.loss_targets.append(target.detach())
         if func in _ELEMENTWISE and len(tensors) >= 2 and any(derived[:2]) \
                 and not all(derived[:2]) and len(self.events) < self.max_events:
             target, prediction = (tensors[0], tensors[1]) if derived[0] else (tensors[1], tensors[0])

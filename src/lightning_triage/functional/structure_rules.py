@@ -23,8 +23,8 @@ from lightning_triage.functional.structure import (
     broadcast_mismatch,
     is_next_token,
     labels_are_inputs,
-    target_shift,
     parse_size_warning,
+    target_shift,
 )
 from lightning_triage.functional.verdict import Verdict
 
