@@ -222,16 +222,16 @@ _SPECS: tuple[CodeSpec, ...] = (
                "not halved."),
     _spec("overfit.loss_on_probabilities", "error",
           "The loss applies log-softmax to outputs that are already probabilities",
-          "The model's outputs are in [0, 1] and sum to 1 (a softmax in the model) and the "
-          "loss (`F.cross_entropy`) applies its own softmax: the loss is bounded away from zero "
-          "and its gradients are tiny. Return logits from the model, or use "
-          "`F.nll_loss(torch.log(p), y)` on probabilities.",
-          when="The captured model output is a probability vector (in [0, 1], summing to 1) and the step-0 "
-               "loss equals `F.cross_entropy` of it: a double softmax."),
+          "Cross-entropy gets probabilities (a softmax in the model, or in the loss code "
+          "before `F.cross_entropy`) and applies its own softmax: the loss is bounded away "
+          "from zero and its gradients are tiny. Pass logits to `F.cross_entropy` (remove the "
+          "extra softmax), or use `F.nll_loss(torch.log(p), y)` on probabilities.",
+          when="The step-0 loss equals `F.cross_entropy` of probabilities: the model's outputs (in [0, 1], "
+               "summing to 1), or the softmax of its logits taken in the loss code (a double softmax)."),
     _spec("overfit.passed", "info", "Overfit one small batch",
           "The model, loss and optimizer can learn; look at data and curves for the rest.",
           when="The probe's loss reached the target, or settled on a floor above it while every probed "
-               "example is predicted right (info)."),
+               "example is predicted right (never a probability floor) (info)."),
     _spec("overfit.inconclusive", "info", "Overfit probe inconclusive",
           "The loss was still falling when the probe's steps or time ran out: raise "
           "`overfit_max_steps`/`max_steps` or `overfit_time_budget`/`time_budget` to decide.",

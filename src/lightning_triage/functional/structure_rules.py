@@ -22,7 +22,9 @@ from lightning_triage.functional.structure import (
     OutputChange,
     broadcast_mismatch,
     is_next_token,
+    labels_are_inputs,
     parse_size_warning,
+    target_shift,
 )
 from lightning_triage.functional.verdict import Verdict
 
@@ -170,9 +172,12 @@ def causal_leak(head_label: str, layer: str | None, first: str | None, where: st
 
 
 def causal_reason(causal: bool | None, inputs: Tensor, targets: Tensor | None,
-                  ignore_index: int) -> str | None:
-    """Why the causal probe runs: ``causal=True``, or (``causal=None``) next-token data;
-    ``None``: it does not.
+                  ignore_index: int, loss_targets: Sequence[Tensor] = ()) -> str | None:
+    """Why the causal probe runs: ``causal=True``, or (``causal=None``) next-token data: the
+    targets are the inputs shifted by one, or the targets are the inputs (``labels =
+    input_ids``) and a loss was given them shifted by one (``loss_targets``, as
+    :class:`~lightning_triage.functional.structure.LossWatch` saw them: the model shifts
+    inside); ``None``: it does not.
 
     Example:
         >>> import torch
@@ -188,6 +193,12 @@ def causal_reason(causal: bool | None, inputs: Tensor, targets: Tensor | None,
         return (f"next-token data: targets[:, :-1] == inputs[:, 1:] on the probed batch "
                 f"({targets.shape[0]} sequences of {targets.shape[1]} tokens), so the model must "
                 "be causal")
+    if causal is None and labels_are_inputs(inputs, targets, ignore_index) and any(
+            target_shift(inputs, t, ignore_index) == 1 for t in loss_targets):
+        assert targets is not None
+        return (f"next-token data: the targets are the inputs (`labels = input_ids`, "
+                f"{targets.shape[0]} sequences of {targets.shape[1]} tokens) and the loss "
+                "compares each position with the next token, so the model must be causal")
     return None
 
 
@@ -225,8 +236,8 @@ def padding_leak(head_label: str, first_label: str, head: str, mask: PaddingMask
     (or pooled) when only the padding changed (``leaks``, one per perturbation)."""
     parts = []
     for leak in leaks:
-        what = ("other token ids at the padded positions" if leak.perturbation == "content"
-                else "more padded positions")
+        what = {"content": "other token ids at the padded positions",
+                "amount": "more padded positions"}.get(leak.perturbation, "fewer padded positions")
         where = "at the real positions" if leak.change.compared == "positions" else "(pooled)"
         parts.append(f"{what} moved it {where} by up to {leak.change.max_abs_diff:.3g} "
                      f"({100 * leak.change.relative_diff:.3g}% of its largest value)")
