@@ -3,12 +3,12 @@ plots with matplotlib and degrades to tables without it."""
 
 from __future__ import annotations
 
-import html
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from markupsafe import escape
 
 from lightning_triage.html import render_html
 from lightning_triage.report import write_report
@@ -32,8 +32,8 @@ def test_html_is_self_contained_and_holds_every_finding() -> None:
     assert "<script" not in page.lower()
     for f in report["findings"]:
         assert f["code"] in page
-        assert html.escape(f["title"]) in page
-        assert html.escape(f["message"]).split("`")[0] in page
+        assert escape(f["title"]) in page
+        assert escape(f["message"]).split("`")[0] in page
     assert "Start here: <span class=\"code\">data.unnormalized_input</span>" in page
     # the checklist lists the protocol in order
     positions = [page.index(f"<b>{stage}</b>") for stage in

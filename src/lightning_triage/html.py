@@ -5,6 +5,13 @@ report). The page needs no JavaScript and no network: styles are inline and plot
 images embedded as base64 ``data:`` URIs. Plots need matplotlib (the ``report`` extra:
 ``pip install "lightning-triage[report]"``); without it the page shows the same data as tables.
 
+Every string of the report is text, by construction: the page is built from
+:class:`markupsafe.Markup` templates whose arguments are escaped unless they are markup built
+here (a test checks this module writes no HTML any other way), and the page's
+Content-Security-Policy forbids scripts and every network request. Plot labels are plain text to
+matplotlib (no math text, no TeX); a plot that fails is replaced by its table, and a section
+that fails by a note, so a valid report always gives a page.
+
 Example:
     >>> from lightning_triage.findings import Finding
     >>> from lightning_triage.report import build_report
@@ -18,12 +25,13 @@ Example:
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+from markupsafe import Markup
 
 from lightning_triage.findings import STAGES, stage_index
 
@@ -48,6 +56,10 @@ _SEV_COLOR = {"error": "#c0392b", "warning": "#b9770e", "info": "#5d6d7e"}
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
                  "error": "#8e44ad", "not run": "#7f8c8d"}
 _MAX_TABLE_ROWS = 24
+#: No script, no network: only inline styles and the embedded PNG images.
+CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
+       "form-action 'none'")
+_PLAIN_TEXT = {"text.usetex": False, "text.parse_math": False}
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1c2833;
@@ -74,18 +86,20 @@ figcaption{font-size:12.5px;color:#566573;width:0;min-width:100%}
 """
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+def _join(parts: Iterable[Any], sep: str = "") -> Markup:
+    """Join markup and text (text is escaped)."""
+    return Markup(sep).join(parts)
 
 
-def _md_code(text: str) -> str:
-    """Escape ``text`` and turn its `backtick` spans into ``<code>``."""
+def _md_code(text: Any) -> Markup:
+    """``text`` as escaped text, its `backtick` spans as ``<code>``."""
     parts = str(text).split("`")
-    return "".join(f"<code>{_e(p)}</code>" if i % 2 else _e(p) for i, p in enumerate(parts))
+    return _join(Markup("<code>{}</code>").format(p) if i % 2 else p for i, p in enumerate(parts))
 
 
-def _sev(severity: str) -> str:
-    return f'<span class="sev" style="background:{_SEV_COLOR.get(severity, "#555")}">{_e(severity)}</span>'
+def _sev(severity: str) -> Markup:
+    return Markup('<span class="sev" style="background:{}">{}</span>').format(
+        _SEV_COLOR.get(severity, "#555"), severity)
 
 
 def _fmt(value: Any) -> str:
@@ -94,11 +108,13 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], raw: bool = False) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c if raw else _e(_fmt(c))}</td>" for c in row) + "</tr>"
-                   for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> Markup:
+    """A table: markup cells as they are, other values formatted and escaped."""
+    head = _join(Markup("<th>{}</th>").format(h) for h in header)
+    body = _join(Markup("<tr>{}</tr>").format(_join(
+        Markup("<td>{}</td>").format(c if isinstance(c, Markup) else _fmt(c)) for c in row))
+        for row in rows)
+    return Markup("<table><tr>{}</tr>{}</table>").format(head, body)
 
 
 def _matplotlib() -> Any | None:
@@ -111,15 +127,28 @@ def _matplotlib() -> Any | None:
     return Figure
 
 
+def _draw(plot: Callable[..., str | None], *args: Any) -> tuple[str | None, bool]:
+    """Run ``plot`` with labels as plain text (no math text, no TeX): its image (or ``None``
+    when it has nothing to draw) and whether it failed."""
+    import matplotlib
+
+    try:
+        with matplotlib.rc_context({k: v for k, v in _PLAIN_TEXT.items()
+                                    if k in matplotlib.rcParams}):
+            return plot(*args), False
+    except Exception:  # a plot must not cost the page: its table stands in
+        return None, True
+
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _figure(src: str, caption: str) -> str:
-    return (f'<figure><img src="{src}" alt="{_e(caption)}">'
-            f"<figcaption>{_md_code(caption)}</figcaption></figure>")
+def _figure(src: str, caption: str) -> Markup:
+    return Markup('<figure><img src="{}" alt="{}"><figcaption>{}</figcaption></figure>').format(
+        src, caption, _md_code(caption))
 
 
 def _finite(points: Sequence[Sequence[Any]]) -> tuple[list[float], list[float]]:
@@ -243,7 +272,8 @@ def _initial_loss(report: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _init_plot(figure_cls: Any, info: Mapping[str, Any]) -> str | None:
+def _init_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
+    info = _initial_loss(report) or {}
     loss, chance = info.get("loss"), info.get("chance")
     if not isinstance(loss, (int, float)) or not isinstance(chance, (int, float)) \
             or not math.isfinite(float(loss)):
@@ -301,7 +331,7 @@ def _batch_images(figure_cls: Any, batch: Mapping[str, Any]) -> str | None:
     return _png(fig)
 
 
-def _batch_table(batch: Mapping[str, Any]) -> str:
+def _batch_table(batch: Mapping[str, Any]) -> Markup:
     examples = batch.get("examples") or []
     targets = batch.get("targets") or []
     rows = []
@@ -309,8 +339,8 @@ def _batch_table(batch: Mapping[str, Any]) -> str:
         flat = _flatten(ex)
         shown = ", ".join(_fmt(v) for v in flat[:16]) + (" …" if len(flat) > 16 else "")
         target = targets[i] if i < len(targets) else ""
-        rows.append([i, f'<span class="mono">{_e(shown)}</span>', _e(_fmt(target))])
-    return _table(["#", "values (first 16)", "target"], rows, raw=True)
+        rows.append([i, Markup('<span class="mono">{}</span>').format(shown), target])
+    return _table(["#", "values (first 16)", "target"], rows)
 
 
 def _flatten(value: Any) -> list[Any]:
@@ -320,38 +350,65 @@ def _flatten(value: Any) -> list[Any]:
 
 
 # ---------------------------------------------------------------------------- sections
-def _header(report: Mapping[str, Any]) -> str:
+def _header(report: Mapping[str, Any]) -> Markup:
     run = report.get("run", {})
-    meta = [f"status <b>{_e(report.get('status'))}</b>"]
+    meta = [Markup("status <b>{}</b>").format(report.get("status"))]
     for key, label in (("model", "model"), ("global_step", "steps"), ("epochs", "epochs"),
                        ("precision", "precision"), ("strategy", "strategy")):
         if run.get(key) is not None:
-            meta.append(f"{label} <b>{_e(run[key])}</b>")
+            meta.append(Markup("{} <b>{}</b>").format(label, run[key]))
     counts = {s: 0 for s in ("error", "warning", "info")}
     for f in report.get("findings", []):
         counts[f["severity"]] = counts.get(f["severity"], 0) + 1
     first = report.get("start_here")
     lead = next((f for f in report.get("findings", []) if f["code"] == first), None)
     if lead is not None:
-        color = _SEV_COLOR[lead["severity"]]
-        where = "" if lead.get("global_step") is None else f" at step {lead['global_step']}"
+        where = Markup("") if lead.get("global_step") is None else \
+            Markup(" at step {}").format(lead["global_step"])
         if lead.get("layer"):
-            where += f", layer <code>{_e(lead['layer'])}</code>"
-        verdict = (
-            f'<div class="verdict" style="--c:{color}"><div>Verdict: <b>{counts["error"]} error(s), '
-            f'{counts["warning"]} warning(s)</b>. Start here: <span class="code">{_e(first)}</span>'
-            f"{where}</div>"
-            f"<p><b>What:</b> {_e(lead['title'])}.</p>"
-            f"<p><b>Why:</b> {_md_code(lead['message'])}</p>"
-            f"<p><b>Next:</b> {_md_code(lead['hint'])}</p></div>")
+            where += Markup(", layer <code>{}</code>").format(lead["layer"])
+        verdict = Markup(
+            '<div class="verdict" style="--c:{color}"><div>Verdict: <b>{errors} error(s), '
+            '{warnings} warning(s)</b>. Start here: <span class="code">{first}</span>{where}</div>'
+            "<p><b>What:</b> {title}.</p><p><b>Why:</b> {message}</p>"
+            "<p><b>Next:</b> {hint}</p></div>").format(
+                color=_SEV_COLOR[lead["severity"]], errors=counts["error"],
+                warnings=counts["warning"], first=first, where=where, title=lead["title"],
+                message=_md_code(lead["message"]), hint=_md_code(lead["hint"]))
     else:
-        verdict = ('<div class="verdict" style="--c:#1e8449"><div><b>Verdict: no problems found.'
-                   f'</b> {counts["info"]} info finding(s); every check that ran passed.</div></div>')
-    return (f"<h1>lightning-triage report</h1><div class=\"meta\">{' · '.join(meta)}</div>"
-            + verdict)
+        verdict = Markup(
+            '<div class="verdict" style="--c:#1e8449"><div><b>Verdict: no problems found.</b> '
+            "{} info finding(s); every check that ran passed.</div></div>").format(counts["info"])
+    return Markup('<h1>lightning-triage report</h1><div class="meta">{}</div>{}').format(
+        _join(meta, " · "), verdict)
 
 
-def _stage_rows(report: Mapping[str, Any]) -> list[list[str]]:
+def _stage_status(problems: list[Any], stage_checks: list[Mapping[str, Any]]) -> str:
+    if problems:
+        return "failed"
+    if any(c["status"] in ("passed", "failed") for c in stage_checks):
+        return "passed"
+    if any(c["status"] == "error" for c in stage_checks):
+        return "error"
+    return "skipped" if stage_checks else "not run"
+
+
+def _stage_cell(f: Mapping[str, Any]) -> Markup:
+    ev = ", ".join(f"{k}={_fmt(v)}" for k, v in f.get("evidence", {}).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool))[:160]
+    step = "" if f.get("global_step") is None else f" step {f['global_step']}"
+    explained = f.get("explained_by") or []
+    cell = Markup("{} <code>{}</code>{} {}").format(_sev(f["severity"]), f["code"], step, f["title"])
+    if explained:
+        cell += Markup(' <span class="muted">(explained by {})</span>').format(", ".join(explained))
+    if ev:
+        cell += Markup('<br><span class="mono muted">{}</span>').format(ev)
+    if f["severity"] != "info":
+        cell += Markup("<br><i>Hint:</i> {}").format(_md_code(f["hint"]))
+    return cell
+
+
+def _stage_rows(report: Mapping[str, Any]) -> list[list[Any]]:
     checks = report.get("checks", [])
     findings = report.get("findings", [])
     rows = []
@@ -359,97 +416,98 @@ def _stage_rows(report: Mapping[str, Any]) -> list[list[str]]:
         stage_checks = [c for c in checks if CHECK_STAGE.get(c["check"]) == stage]
         stage_findings = [f for f in findings if f["code"].split(".")[0] == stage]
         problems = [f for f in stage_findings if f["severity"] != "info"]
-        if problems:
-            status = "failed"
-        elif any(c["status"] == "passed" or c["status"] == "failed" for c in stage_checks):
-            status = "passed"
-        elif any(c["status"] == "error" for c in stage_checks):
-            status = "error"
-        elif stage_checks:
-            status = "skipped"
-        else:
-            status = "not run"
+        status = _stage_status(problems, stage_checks)
         shown = problems or stage_findings
-        cells = []
-        for f in shown[:4]:
-            ev = ", ".join(f"{k}={_fmt(v)}" for k, v in f.get("evidence", {}).items()
-                           if isinstance(v, (int, float)) and not isinstance(v, bool))[:160]
-            step = "" if f.get("global_step") is None else f" step {f['global_step']}"
-            explained = f.get("explained_by") or []
-            cells.append(
-                f"{_sev(f['severity'])} <code>{_e(f['code'])}</code>{_e(step)} {_e(f['title'])}"
-                + (f' <span class="muted">(explained by {_e(", ".join(explained))})</span>'
-                   if explained else "")
-                + (f'<br><span class="mono muted">{_e(ev)}</span>' if ev else "")
-                + (f"<br><i>Hint:</i> {_md_code(f['hint'])}" if f["severity"] != "info" else ""))
+        cells = [_stage_cell(f) for f in shown[:4]]
         if len(shown) > 4:
-            cells.append(f'<span class="muted">and {len(shown) - 4} more below</span>')
+            cells.append(Markup('<span class="muted">and {} more below</span>').format(len(shown) - 4))
         detail = "; ".join(c["detail"] for c in stage_checks if c.get("detail"))
         if not cells and detail:
-            cells.append(f'<span class="muted">{_md_code(detail[:300])}</span>')
-        color = _STATUS_COLOR[status]
-        rows.append([str(i), f"<b>{stage}</b><br><span class=\"muted\">{_e(STAGE_QUESTION[stage])}</span>",
-                     f'<b style="color:{color}">{status}</b>', "<br>".join(cells)])
+            cells.append(Markup('<span class="muted">{}</span>').format(_md_code(detail[:300])))
+        rows.append([str(i),
+                     Markup('<b>{}</b><br><span class="muted">{}</span>').format(
+                         stage, STAGE_QUESTION[stage]),
+                     Markup('<b style="color:{}">{}</b>').format(_STATUS_COLOR[status], status),
+                     _join(cells, "<br>")])
     return rows
 
 
-def _plots(report: Mapping[str, Any], plots: bool) -> str:
-    figure_cls = _matplotlib() if plots else None
-    parts: list[str] = []
-    figures: list[str] = []
-    if figure_cls is not None:
-        src = _loss_plot(figure_cls, report)
-        if src:
-            figures.append(_figure(src, "Training and validation loss; dashed: chance level; "
-                                        "vertical lines: findings at their steps."))
-        src = _grad_plot(figure_cls, report)
-        if src:
-            figures.append(_figure(src, "Gradient norms over the steps (per layer where "
-                                        "recorded; white: zero); red dashed lines: spikes."))
-        info = _initial_loss(report)
-        src = _init_plot(figure_cls, info) if info else None
-        if src:
-            figures.append(_figure(src, "Step-0 loss against the chance level: a fresh model "
-                                        "should be near chance."))
-    else:
-        parts.append('<p class="muted">Plots need matplotlib (<code>pip install '
-                     '"lightning-triage[report]"</code>); the data is shown as tables.</p>')
-        for name in ("train_loss", "val_loss", "grad_norm"):
-            points = report.get("series", {}).get(name) or []
-            if points:
-                idx = _evenly(len(points), _MAX_TABLE_ROWS)
-                parts.append(f"<h3>{_e(name)}</h3>" + _table(
-                    ["step", "value"], [[points[i][0], "nan/inf" if points[i][1] is None
-                                         else points[i][1]] for i in idx]))
-        chance = _chance(report)
-        if chance is not None:
-            parts.append(f"<p>Chance level: <b>{chance:.4g}</b>. Curve: {_e(_curve_verdict(report))}</p>")
-        info = _initial_loss(report)
-        if info:
-            parts.append(_table(["step-0 loss", "chance"], [[info.get("loss"), info.get("chance")]]))
-    if figures:
-        parts.insert(0, '<div class="grid">' + "".join(figures) + "</div>")
-    return "".join(parts)
+def _series_tables(report: Mapping[str, Any], names: Sequence[str]) -> Markup:
+    parts = []
+    for name in names:
+        points = report.get("series", {}).get(name) or []
+        if points:
+            idx = _evenly(len(points), _MAX_TABLE_ROWS)
+            parts.append(Markup("<h3>{}</h3>{}").format(name, _table(
+                ["step", "value"], [[points[i][0], "nan/inf" if points[i][1] is None
+                                     else points[i][1]] for i in idx])))
+    return _join(parts)
 
 
-def _batch_and_frames(report: Mapping[str, Any], plots: bool) -> str:
+def _loss_table(report: Mapping[str, Any]) -> Markup:
+    out = _series_tables(report, ("train_loss", "val_loss"))
+    chance = _chance(report)
+    if chance is not None:
+        out += Markup("<p>Chance level: <b>{}</b>. Curve: {}</p>").format(
+            f"{chance:.4g}", _curve_verdict(report))
+    return out
+
+
+def _grad_table(report: Mapping[str, Any]) -> Markup:
+    return _series_tables(report, ("grad_norm",))
+
+
+def _init_table(report: Mapping[str, Any]) -> Markup:
+    info = _initial_loss(report)
+    return _table(["step-0 loss", "chance"], [[info.get("loss"), info.get("chance")]]) \
+        if info else Markup("")
+
+
+#: The plots: how to draw each, its caption, and the table that stands in for it.
+_PLOTS: tuple[tuple[Callable[..., str | None], str, Callable[..., Markup]], ...] = (
+    (_loss_plot, "Training and validation loss; dashed: chance level; vertical lines: findings "
+                 "at their steps.", _loss_table),
+    (_grad_plot, "Gradient norms over the steps (per layer where recorded; white: zero); red "
+                 "dashed lines: spikes.", _grad_table),
+    (_init_plot, "Step-0 loss against the chance level: a fresh model should be near chance.",
+     _init_table),
+)
+
+
+def _plots(report: Mapping[str, Any], plots: bool) -> Markup:
     figure_cls = _matplotlib() if plots else None
-    parts: list[str] = []
+    figures: list[Markup] = []
+    tables: list[Markup] = []
+    if figure_cls is None:
+        tables.append(Markup('<p class="muted">Plots need matplotlib (<code>pip install '
+                             '"lightning-triage[report]"</code>); the data is shown as tables.</p>'))
+    for draw, caption, table in _PLOTS:
+        src, failed = _draw(draw, figure_cls, report) if figure_cls is not None else (None, True)
+        if src:
+            figures.append(_figure(src, caption))
+        elif failed:
+            tables.append(table(report))
+    grid = Markup('<div class="grid">{}</div>').format(_join(figures)) if figures else ""
+    return _join([grid, *tables])
+
+
+def _batch_and_frames(report: Mapping[str, Any], plots: bool) -> Markup:
+    figure_cls = _matplotlib() if plots else None
+    parts: list[Markup] = []
     details = report.get("details", {}) or {}
     batch = details.get("first_batch")
     if isinstance(batch, Mapping) and batch.get("examples") is not None:
         shape = "×".join(str(s) for s in batch.get("shape", []))
-        title = (f"<h2>First training batch</h2><p class=\"meta\">tensor <code>{_e(batch.get('tensor'))}"
-                 f"</code> shape {_e(shape)} {_e(batch.get('dtype', ''))}, step "
-                 f"{_e(batch.get('global_step'))}; first {len(batch['examples'])} examples</p>")
-        src = _batch_images(figure_cls, batch) if figure_cls is not None else None
-        grid = (f'<div class="grid">{_figure(src, "the first examples (targets above)")}</div>'
-                if src else "")
-        parts.append(title + grid + _batch_table(batch))
-    frames = _nan_frames(report)
-    if frames:
-        parts.append(frames)
-    return "".join(parts)
+        title = Markup('<h2>First training batch</h2><p class="meta">tensor <code>{}</code> shape '
+                       "{} {}, step {}; first {} examples</p>").format(
+            batch.get("tensor"), shape, batch.get("dtype", ""), batch.get("global_step"),
+            len(batch["examples"]))
+        src = _draw(_batch_images, figure_cls, batch)[0] if figure_cls is not None else None
+        grid = Markup('<div class="grid">{}</div>').format(
+            _figure(src, "the first examples (targets above)")) if src else ""
+        parts.append(_join([title, grid, _batch_table(batch)]))
+    parts.append(_nan_frames(report))
+    return _join(parts)
 
 
 def _evenly(n: int, k: int) -> list[int]:
@@ -458,7 +516,7 @@ def _evenly(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
-def _nan_frames(report: Mapping[str, Any]) -> str:
+def _nan_frames(report: Mapping[str, Any]) -> Markup:
     out = []
     for f in report.get("findings", []):
         frames = f.get("evidence", {}).get("frames") if f["code"].startswith("numerics.") else None
@@ -466,51 +524,74 @@ def _nan_frames(report: Mapping[str, Any]) -> str:
             continue
         rows = [[fr.get("module", ""), fr.get("max_abs", ""), fr.get("nan", ""), fr.get("inf", ""),
                  fr.get("inputs_finite", "")] for fr in frames[-_MAX_TABLE_ROWS:]]
-        out.append(f"<h2>Frames leading to the first non-finite value (<code>{_e(f['code'])}</code>, "
-                   f"step {_e(f.get('global_step'))}, layer <code>{_e(f.get('layer'))}</code>)</h2>"
-                   + _table(["module (forward order)", "max |x|", "NaN", "Inf", "inputs finite"], rows))
-    return "".join(out)
+        out.append(Markup("<h2>Frames leading to the first non-finite value (<code>{}</code>, "
+                          "step {}, layer <code>{}</code>)</h2>{}").format(
+            f["code"], f.get("global_step"), f.get("layer"),
+            _table(["module (forward order)", "max |x|", "NaN", "Inf", "inputs finite"], rows)))
+    return _join(out)
 
 
-def _findings(report: Mapping[str, Any]) -> str:
-    out = []
-    for f in sorted(report.get("findings", []), key=lambda f: stage_index(f["code"].split(".")[0])):
-        where = []
-        if f.get("global_step") is not None:
-            where.append(f"step {f['global_step']}")
-        if f.get("epoch") is not None:
-            where.append(f"epoch {f['epoch']}")
-        if f.get("layer"):
-            where.append(f"layer <code>{_e(f['layer'])}</code>")
-        where.append(f"rank {_e(f.get('rank', 0))}")
-        where.append(f"check {_e(f.get('check', ''))}")
-        explained = f.get("explained_by") or []
-        evidence = json.dumps(f.get("evidence", {}), indent=1)
-        if len(evidence) > 4000:
-            evidence = evidence[:4000] + "\n…"
-        out.append(
-            f'<div class="finding" style="--c:{_SEV_COLOR.get(f["severity"], "#555")}">'
-            f"{_sev(f['severity'])} <code><b>{_e(f['code'])}</b></code> {_e(f['title'])}"
-            f' <span class="meta">({", ".join(where)})</span>'
-            + (f'<p class="muted">Explained by {_e(", ".join(explained))}: fix that first.</p>'
-               if explained else "")
-            + f"<p>{_md_code(f['message'])}</p><p><i>Next:</i> {_md_code(f['hint'])}</p>"
-            f"<details><summary>evidence</summary><pre>{_e(evidence)}</pre></details></div>")
-    return "".join(out) or '<p class="muted">No findings.</p>'
+def _finding(f: Mapping[str, Any]) -> Markup:
+    where = []
+    if f.get("global_step") is not None:
+        where.append(Markup("step {}").format(f["global_step"]))
+    if f.get("epoch") is not None:
+        where.append(Markup("epoch {}").format(f["epoch"]))
+    if f.get("layer"):
+        where.append(Markup("layer <code>{}</code>").format(f["layer"]))
+    where.append(Markup("rank {}").format(f.get("rank", 0)))
+    where.append(Markup("check {}").format(f.get("check", "")))
+    explained = f.get("explained_by") or []
+    evidence = json.dumps(f.get("evidence", {}), indent=1)
+    if len(evidence) > 4000:
+        evidence = evidence[:4000] + "\n…"
+    return Markup(
+        '<div class="finding" style="--c:{color}">{sev} <code><b>{code}</b></code> {title} '
+        '<span class="meta">({where})</span>{explained}<p>{message}</p><p><i>Next:</i> {hint}</p>'
+        "<details><summary>evidence</summary><pre>{evidence}</pre></details></div>").format(
+        color=_SEV_COLOR.get(f["severity"], "#555"), sev=_sev(f["severity"]), code=f["code"],
+        title=f["title"], where=_join(where, ", "),
+        explained=Markup('<p class="muted">Explained by {}: fix that first.</p>').format(
+            ", ".join(explained)) if explained else "",
+        message=_md_code(f["message"]), hint=_md_code(f["hint"]), evidence=evidence)
 
 
-def _run(report: Mapping[str, Any]) -> str:
+def _findings(report: Mapping[str, Any]) -> Markup:
+    findings = sorted(report.get("findings", []), key=lambda f: stage_index(f["code"].split(".")[0]))
+    return _join(_finding(f) for f in findings) or Markup('<p class="muted">No findings.</p>')
+
+
+def _run(report: Mapping[str, Any]) -> Markup:
     rows = []
     for key, value in report.get("run", {}).items():
         text = value if isinstance(value, str) else json.dumps(value)
         if len(text) > 600:
             text = text[:600] + "…"
-        rows.append([key, f'<span class="mono">{_e(text)}</span>'])
-    return _table(["setting", "value"], rows, raw=True)
+        rows.append([key, Markup('<span class="mono">{}</span>').format(text)])
+    return _table(["setting", "value"], rows)
+
+
+def _checks(report: Mapping[str, Any]) -> Markup:
+    return _table(["check", "status", "detail"], [
+        [c["check"], Markup('<b style="color:{}">{}</b>').format(
+            _STATUS_COLOR.get(c["status"], "#555"), c["status"]), _md_code(c.get("detail", ""))]
+        for c in report.get("checks", [])])
+
+
+def _section(render: Callable[..., Markup], *args: Any) -> Markup:
+    """``render(*args)``, or a note when it fails: one odd section does not cost the page."""
+    try:
+        return render(*args)
+    except Exception as exc:
+        return Markup('<p class="muted">This part of the report could not be shown ({}: {}).</p>'
+                      ).format(type(exc).__name__, str(exc)[:200])
 
 
 def render_html(report: Mapping[str, Any], *, plots: bool = True) -> str:
     """Render a report dict as one self-contained HTML page.
+
+    Every string of the report is shown as text; the page carries a Content-Security-Policy
+    (:data:`CSP`) that allows no script and no request.
 
     Args:
         report: the report (as :func:`~lightning_triage.report.build_report` returns it or as
@@ -518,24 +599,28 @@ def render_html(report: Mapping[str, Any], *, plots: bool = True) -> str:
         plots: draw the plots (needs matplotlib; without it, or with ``False``, the data is
             shown as tables).
     """
-    checks_rows = [[c["check"], f'<b style="color:{_STATUS_COLOR.get(c["status"], "#555")}">'
-                    f'{_e(c["status"])}</b>', _md_code(c.get("detail", ""))]
-                   for c in report.get("checks", [])]
-    body = (
-        _header(report)
-        + _plots(report, plots)
-        + "<h2>The protocol, in order</h2>"
-        + _table(["#", "stage", "result", "findings"], _stage_rows(report), raw=True)
-        + _batch_and_frames(report, plots)
-        + f"<h2>Findings ({len(report.get('findings', []))})</h2>" + _findings(report)
-        + "<h2>Checks</h2>" + _table(["check", "status", "detail"], checks_rows, raw=True)
-        + "<h2>Run</h2>" + _run(report)
-    )
-    title = f"lightning-triage: {report.get('run', {}).get('model', 'run')}"
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head>"
-            f"<body><main>{body}</main></body></html>\n")
+    run = report.get("run", {})
+    body = _join([
+        _section(_header, report),
+        _section(_plots, report, plots),
+        Markup("<h2>The protocol, in order</h2>"),
+        _section(lambda: _table(["#", "stage", "result", "findings"], _stage_rows(report))),
+        _section(_batch_and_frames, report, plots),
+        Markup("<h2>Findings ({})</h2>").format(len(report.get("findings", []))),
+        _section(_findings, report),
+        Markup("<h2>Checks</h2>"), _section(_checks, report),
+        Markup("<h2>Run</h2>"), _section(_run, report),
+    ])
+    run_id = Markup('<meta name="lightning-triage-run-id" content="{}">').format(
+        run["run_id"]) if run.get("run_id") else ""
+    return str(Markup(
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta http-equiv="Content-Security-Policy" content="{csp}">{run_id}'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>{title}</title><style>{css}</style></head>"
+        "<body><main>{body}</main></body></html>\n").format(
+        csp=CSP, run_id=run_id, title=f"lightning-triage: {run.get('model', 'run')}",
+        css=Markup(_CSS), body=body))
 
 
-__all__ = ["CHECK_STAGE", "render_html"]
+__all__ = ["CHECK_STAGE", "CSP", "render_html"]
