@@ -28,6 +28,7 @@ import base64
 import io
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,7 @@ _MAX_TABLE_ROWS = 24
 #: No script, no network: only inline styles and the embedded PNG images.
 CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
        "form-action 'none'")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 _PLAIN_TEXT = {"text.usetex": False, "text.parse_math": False}
 
 _CSS = """
@@ -125,6 +127,11 @@ def _matplotlib() -> Any | None:
         return None
     del matplotlib
     return Figure
+
+
+def _label(text: Any) -> str:
+    """Report text for a plot label: control characters (no glyph) removed, cut."""
+    return _CONTROL.sub(" ", str(text))[:40]
 
 
 def _draw(plot: Callable[..., str | None], *args: Any) -> tuple[str | None, bool]:
@@ -235,7 +242,8 @@ def _grad_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
                        vmin=vmin, vmax=max(vmax, vmin + 1e-6),
                        extent=(steps[0] - 0.5, steps[-1] + 0.5, len(names) - 0.5, -0.5))
         ax.set_yticks(range(len(names)))
-        ax.set_yticklabels([n if len(n) <= 28 else "…" + n[-27:] for n in names], fontsize=7)
+        ax.set_yticklabels([_label(n if len(n) <= 28 else "…" + n[-27:]) for n in names],
+                           fontsize=7)
         for s in spikes:
             ax.axvline(s, color="#e74c3c", lw=1.2, ls="--")
         ax.set_xlabel("global step" + ("  (red: gradient spikes/explosions)" if spikes else ""))
@@ -326,7 +334,7 @@ def _batch_images(figure_cls: Any, batch: Mapping[str, Any]) -> str | None:
     ax.set_axis_off()
     for i in range(min(n, len(targets))):
         if not isinstance(targets[i], list):
-            ax.text(i * (w + 1) + w / 2, -0.6, f"y={targets[i]}", ha="center", va="bottom",
+            ax.text(i * (w + 1) + w / 2, -0.6, _label(f"y={targets[i]}"), ha="center", va="bottom",
                     fontsize=8)
     return _png(fig)
 
@@ -619,7 +627,7 @@ def render_html(report: Mapping[str, Any], *, plots: bool = True) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         "<title>{title}</title><style>{css}</style></head>"
         "<body><main>{body}</main></body></html>\n").format(
-        csp=CSP, run_id=run_id, title=f"lightning-triage: {run.get('model', 'run')}",
+        csp=Markup(CSP), run_id=run_id, title=f"lightning-triage: {run.get('model', 'run')}",
         css=Markup(_CSS), body=body))
 
 

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".triage_report.lock"
-_RUN_ID = re.compile(r"lightning-triage-run-id[\"']? (?:content=\"|: )([0-9A-Za-z_-]{1,64})")
+_RUN_ID = re.compile(r'lightning-triage-run-id(?:: |" content=")([0-9A-Za-z_-]{1,64})')
 
 
 def _write_all(fd: int, data: bytes) -> None:
