@@ -140,8 +140,8 @@ def _draw(plot: Callable[..., str | None], *args: Any) -> tuple[str | None, bool
     import matplotlib
 
     try:
-        with matplotlib.rc_context({k: v for k, v in _PLAIN_TEXT.items()
-                                    if k in matplotlib.rcParams}):
+        plain: dict[Any, Any] = {k: v for k, v in _PLAIN_TEXT.items() if k in matplotlib.rcParams}
+        with matplotlib.rc_context(plain):
             return plot(*args), False
     except Exception:  # a plot must not cost the page: its table stands in
         return None, True
