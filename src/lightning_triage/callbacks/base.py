@@ -219,7 +219,7 @@ class TriageCallback(Callback):
             status = "failed"
         else:
             status = "passed"
-        return {"check": self.check_name, "status": status, "detail": self.detail}
+        return {"check": self.check_name, "stage": self.stage, "status": status, "detail": self.detail}
 
     def series(self) -> dict[str, list[list[float]]]:
         """Named ``[[step, value], ...]`` series this check contributes to the report."""

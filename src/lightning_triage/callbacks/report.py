@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import tempfile
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -121,6 +122,7 @@ def run_info(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, An
     except Exception:  # hparams of unusual types: the report is no reason to fail
         hparams = {}
     return {
+        "run_id": uuid.uuid4().hex,  # also in the Markdown and HTML written with the JSON
         "lightning": lightning.__version__,
         "torch": torch.__version__,
         "precision": str(trainer.precision),

@@ -36,6 +36,9 @@ from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
 from lightning_triage.report import FailOn
 
+#: The monitors' default ``max_window_steps`` (raised to ``window_steps`` when that is larger).
+_MAX_WINDOW_STEPS = 5000
+
 _PER_STEP = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_backward",
                        "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"})
 
@@ -168,6 +171,9 @@ class Triage(Callback):
         self.target_key = target_key
         self.padding_mask_key = padding_mask_key
         ik, tk = input_key, target_key
+        # `Triage` has no `max_window_steps`: the monitors' cap grows with `window_steps`
+        max_window = max(_MAX_WINDOW_STEPS, window_steps) if isinstance(window_steps, int) \
+            else _MAX_WINDOW_STEPS
         # the checks validate the arguments, named as `Triage` names them
         with aliases(batch_size="overfit_batch_size", max_steps="overfit_max_steps",
                      time_budget="overfit_time_budget", mode="numerics_mode",
@@ -196,9 +202,10 @@ class Triage(Callback):
                                   strict=strict),
                 LossCurveMonitor(task=task, num_classes=num_classes, input_key=ik, target_key=tk,
                                  window_epochs=window_epochs, window_steps=window_steps,
-                                 watch=watch, strict=strict),
-                GradientMonitor(window_epochs=window_epochs, window_steps=window_steps, watch=watch,
-                                on_spike=on_spike, strict=strict),
+                                 max_window_steps=max_window, watch=watch, strict=strict),
+                GradientMonitor(window_epochs=window_epochs, window_steps=window_steps,
+                                max_window_steps=max_window, watch=watch, on_spike=on_spike,
+                                strict=strict),
                 NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
                                 check_every_n_steps=numerics_check_every_n_steps, input_key=ik,
                                 target_key=tk, strict=strict),
