@@ -19,6 +19,7 @@ from lightning_triage.callbacks import (
     Triage,
     TriageCallback,
     TriageReport,
+    UpdateContractCheck,
     WorstErrors,
 )
 from lightning_triage.errors import TriageConfigError
@@ -50,6 +51,7 @@ __all__ = [
     "TriageConfigError",
     "TriageGateError",
     "TriageReport",
+    "UpdateContractCheck",
     "WorstErrors",
     "__version__",
 ]

@@ -132,6 +132,40 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("wiring.params_not_in_optimizer", "error", "Parameters get gradients but no optimizer updates them",
           "Pass all trainable parameters to the optimizer in `configure_optimizers` "
           "(`self.parameters()`, not one submodule's)."),
+    _spec("wiring.grads_not_zeroed", "error", "Gradients are not zeroed between optimizer steps",
+          "Call `optimizer.zero_grad()` once per step (manual optimization: after `opt.step()`; "
+          "an `optimizer_zero_grad` override must still zero). To accumulate on purpose, set "
+          "`Trainer(accumulate_grad_batches=k)` or step and zero every k batches.",
+          when="an optimizer steps on gradients left from before its previous step, not at "
+               "regular intervals, in the first steps"),
+    _spec("wiring.optimizer_not_stepping", "error", "The optimizer does not move the parameters",
+          "See the cause in the evidence: `zero_lr`: check the LR scheduler (its factor at these "
+          "steps) and `lr`; `skipped`: `training_step` returns `None` from that step on; "
+          "`not_called`: an `optimizer_step` override must call `optimizer.step(closure=...)`; "
+          "`no_effect`: `optimizer.step` was replaced or wrapped by something that does nothing.",
+          when="5 optimizer steps in a row leave every parameter unchanged (no gradient, zero "
+               "LR, a no-op step, a step not reached)"),
+    _spec("wiring.params_changed_outside_step", "warning",
+          "Parameters change outside the optimizer step",
+          "Look for code that writes the weights between steps: a hook or callback re-running "
+          "init (`reset_parameters`), `load_state_dict` mid-run, an EMA copied into the live "
+          "weights, an in-place edit under `torch.no_grad()` in `forward`. A deliberate "
+          "projection (weight clipping) can stay.",
+          when="a trainable parameter's norm changes between the end of an optimizer step and "
+               "the start of the next, in the first steps"),
+    _spec("wiring.frozen_params_changed", "warning", "Frozen parameters change",
+          "Leave frozen parameters out of the optimizer (`filter(lambda p: p.requires_grad, "
+          "...)`), or let `zero_grad()` set their `.grad` to `None` before freezing; look for "
+          "in-place edits of them.",
+          when="a parameter with `requires_grad=False` or in no optimizer changes in the first "
+               "steps"),
+    _spec("wiring.frozen_batchnorm_in_train", "warning",
+          "BatchNorm in a frozen part is in training mode",
+          "Lightning calls `model.train()` when training starts: put the frozen part in eval "
+          "mode in `on_train_epoch_start` (`self.backbone.eval()`), or freeze the statistics "
+          "(`track_running_stats=False`).",
+          when="running statistics of a layer whose module is frozen move during the first "
+               "steps"),
     # 4. overfit
     _spec("overfit.failed", "error", "Could not overfit one small batch",
           "A model that cannot memorize 8 examples has a bug: check the wiring findings, frozen "
@@ -405,13 +439,17 @@ SPIKE_WINDOW = 10
 
 # Finding codes that name a cause when they are a problem (error or warning). A cause is never
 # explained by another finding; the symptoms below are explained by the causes present.
+_UPDATE_CAUSES = frozenset({
+    "wiring.grads_not_zeroed", "wiring.optimizer_not_stepping",
+    "wiring.params_changed_outside_step",
+})
 _OVERFIT_CAUSES = frozenset({
     "data.nonfinite_input", "data.nonfinite_target", "data.unnormalized_input",
     "data.tiny_input_scale",
     "data.constant_input", "data.target_out_of_range",
     "init.loss_above_chance",
     "wiring.no_grad_params", "wiring.zero_grad_params", "wiring.loss_detached",
-    "wiring.params_not_in_optimizer",
+    "wiring.params_not_in_optimizer", *_UPDATE_CAUSES,
     "overfit.loss_on_probabilities",
     "structure.batch_mixing", "structure.shape_mismatch",
     "curve.lr_too_low", "curve.lr_too_high", "curve.diverging",
@@ -421,10 +459,17 @@ _OVERFIT_CAUSES = frozenset({
 _NOT_LEARNING_CAUSES = frozenset({
     "data.constant_input", "data.tiny_input_scale", "data.nonfinite_input", "data.nonfinite_target",
     "wiring.no_grad_params", "wiring.zero_grad_params", "wiring.loss_detached",
-    "wiring.params_not_in_optimizer",
+    "wiring.params_not_in_optimizer", *_UPDATE_CAUSES,
     "grad.vanishing", "grad.update_ratio",
     "numerics.nonfinite_loss", "numerics.precision_overflow",
 })
+# Symptoms of a broken update contract (the cause leads): an optimizer that does not step
+# shows as a tiny update ratio; gradients that are never zeroed grow step after step.
+_UPDATE_SYMPTOMS: dict[str, frozenset[str]] = {
+    "grad.update_ratio": _UPDATE_CAUSES,
+    "grad.exploding": frozenset({"wiring.grads_not_zeroed"}),
+    "curve.lr_too_high": frozenset({"wiring.grads_not_zeroed"}),
+}
 # Non-finite findings that mark a blow-up at their step (numerics with a layer are added below).
 _BLOW_UPS = frozenset({"curve.diverging", "numerics.nonfinite_loss",
                        "numerics.precision_overflow"})
@@ -457,7 +502,10 @@ def _names_cause(f: Finding, causes: frozenset[str]) -> bool:
 def _explainers(f: Finding, findings: Sequence[Finding]) -> list[str]:
     """The codes of the findings that explain ``f`` (empty: ``f`` is not explained)."""
     others = [g for g in findings if g is not f and g.code != f.code]
-    if f.code in ("overfit.failed", "overfit.inconclusive"):
+    update = [g for g in others if g.is_problem and g.code in _UPDATE_SYMPTOMS.get(f.code, ())]
+    if update:  # a broken update contract explains the symptom before anything else
+        found = update
+    elif f.code in ("overfit.failed", "overfit.inconclusive"):
         found = [g for g in others if _names_cause(g, _OVERFIT_CAUSES)]
     elif f.code == "curve.not_learning":
         found = [g for g in others if _names_cause(g, _NOT_LEARNING_CAUSES)
@@ -500,6 +548,11 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
     - ``curve.loss_spike``, ``grad.exploding``, ``grad.spike``: explained by a blow-up (a
       localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
       same step or at most :data:`SPIKE_WINDOW` steps later.
+    - ``grad.update_ratio`` (explained by ``wiring.grads_not_zeroed``,
+      ``wiring.optimizer_not_stepping`` and ``wiring.params_changed_outside_step``),
+      ``grad.exploding`` and ``curve.lr_too_high`` (by ``wiring.grads_not_zeroed``): the update
+      itself is broken; these three wiring codes also explain ``overfit.failed`` and
+      ``curve.not_learning``.
     - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
       whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move
       the first layer).

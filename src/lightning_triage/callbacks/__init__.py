@@ -39,6 +39,9 @@ from lightning_triage.callbacks.structure_probe import (
 from lightning_triage.callbacks.triage import (
     Triage,
 )
+from lightning_triage.callbacks.update_contracts import (
+    UpdateContractCheck,
+)
 from lightning_triage.callbacks.worst_errors import (
     WorstErrors,
 )
@@ -57,5 +60,6 @@ __all__ = [
     "Triage",
     "TriageCallback",
     "TriageReport",
+    "UpdateContractCheck",
     "WorstErrors",
 ]
