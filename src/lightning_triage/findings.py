@@ -468,6 +468,8 @@ _NOT_LEARNING_CAUSES = frozenset({
 _UPDATE_SYMPTOMS: dict[str, frozenset[str]] = {
     "grad.update_ratio": _UPDATE_CAUSES,
     "grad.exploding": frozenset({"wiring.grads_not_zeroed"}),
+    "grad.spike": frozenset({"wiring.grads_not_zeroed"}),
+    "curve.loss_spike": frozenset({"wiring.grads_not_zeroed"}),
     "curve.lr_too_high": frozenset({"wiring.grads_not_zeroed"}),
 }
 # Non-finite findings that mark a blow-up at their step (numerics with a layer are added below).
@@ -550,8 +552,8 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
       same step or at most :data:`SPIKE_WINDOW` steps later.
     - ``grad.update_ratio`` (explained by ``wiring.grads_not_zeroed``,
       ``wiring.optimizer_not_stepping`` and ``wiring.params_changed_outside_step``),
-      ``grad.exploding`` and ``curve.lr_too_high`` (by ``wiring.grads_not_zeroed``): the update
-      itself is broken; these three wiring codes also explain ``overfit.failed`` and
+      ``grad.exploding``, ``grad.spike``, ``curve.loss_spike`` and ``curve.lr_too_high`` (by
+      ``wiring.grads_not_zeroed``): the update itself is broken; these three wiring codes also explain ``overfit.failed`` and
       ``curve.not_learning``.
     - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
       whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move

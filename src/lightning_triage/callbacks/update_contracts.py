@@ -35,6 +35,12 @@ from lightning_triage.functional.update import (
 RUNNING_STATS_BATCHES = 3
 
 
+def _differs(a: float, b: float) -> bool:
+    """Whether two norms differ (NaN equals NaN: a parameter that stays non-finite did not
+    change; that is the numerics stage's finding)."""
+    return a != b and not (math.isnan(a) and math.isnan(b))
+
+
 @dataclass
 class _Point:
     """A reading of every parameter's norm at one point of a batch (device tensors until the
@@ -113,6 +119,7 @@ class UpdateContractCheck(TriageCallback):
         self._step_at_start = 0
         # contract state
         self._dirty: list[set[int]] = []
+        self._after_val: set[int] = set()
         self._zeroing: list[tuple[list[int], list[bool], list[str]]] = []
         self._records: list[list[StepRecord]] = []
         self._stalled: set[int] = set()
@@ -137,6 +144,9 @@ class UpdateContractCheck(TriageCallback):
                 for p in g["params"]}
         self._frozen = {i for i, p in enumerate(self._params)
                         if not p.requires_grad or id(p) not in held}
+        index = {id(p): i for i, p in enumerate(self._params)}  # param groups may be added
+        self._opt_params = [sorted({index[id(p)] for g in opt.param_groups for p in g["params"]
+                                    if id(p) in index}) for opt in trainer.optimizers]
         self._point("start", None, trainer.global_step)
 
     @override
@@ -183,6 +193,14 @@ class UpdateContractCheck(TriageCallback):
 
     @override
     @guarded
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._armed and not trainer.sanity_checking:
+            # Lightning zeroes the gradients before validation: the next step of each
+            # optimizer is clean whatever the user's code does (no evidence either way)
+            self._after_val = set(range(len(self._dirty)))
+
+    @override
+    @guarded
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._armed and not self._done:
             self._finish(trainer)
@@ -201,10 +219,7 @@ class UpdateContractCheck(TriageCallback):
                 self._names.append(name)
                 self._params.append(p)
                 self._sizes[name] = p.numel()
-        index = {id(p): i for i, p in enumerate(self._params)}
         for i, opt in enumerate(trainer.optimizers):
-            self._opt_params.append(sorted({index[id(p)] for g in opt.param_groups
-                                            for p in g["params"] if id(p) in index}))
             self._opt_names.append(f"optimizer {i} ({type(opt).__name__})")
             self.add_handle(opt.register_step_post_hook(self._post_hook(trainer, i)))
         n = len(trainer.optimizers)
@@ -272,12 +287,15 @@ class UpdateContractCheck(TriageCallback):
                     dirty.difference_update({i for i in dirty if grads[i] == 0.0})
             elif p.kind == "pre" and p.opt is not None:
                 stale = [i for i in self._dirty[p.opt] if grads[i] != 0.0]
+                self._dirty[p.opt] = set(self._opt_params[p.opt])
+                if p.opt in self._after_val:
+                    self._after_val.discard(p.opt)
+                    continue
                 steps, clean, names = self._zeroing[p.opt]
                 steps.append(p.step)
                 clean.append(not stale)
                 if stale and not names:
                     names.extend(self._names[i] for i in sorted(stale))
-                self._dirty[p.opt] = set(self._opt_params[p.opt])
 
     def _stepping_events(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                          points: list[_Point],
@@ -292,13 +310,13 @@ class UpdateContractCheck(TriageCallback):
             g = [grads[i] for i in mine] if grads is not None else []
             state: GradState = "nonfinite" if any(not math.isfinite(x) for x in g) else \
                 "ok" if any(x > 0 for x in g) else "none"
-            moved = any(before[i] != after[i] for i in mine)
+            moved = any(_differs(before[i], after[i]) for i in mine)
             self._records[opt].append(StepRecord(points[k].step, True, state, moved,
                                                  points[k].lr))
         if not pres and pl_module.automatic_optimization and self._opt_params \
                 and trainer.global_step > self._step_at_start:
             before, after = values[0][0], values[-1][0]
-            moved = any(before[i] != after[i] for i in self._opt_params[0])
+            moved = any(_differs(before[i], after[i]) for i in self._opt_params[0])
             lr = max((float(g["lr"]) for g in trainer.optimizers[0].param_groups), default=0.0)
             self._records[0].append(StepRecord(self._step_at_start, False, "ok", moved, lr))
         for opt, records in enumerate(self._records):
@@ -336,7 +354,8 @@ class UpdateContractCheck(TriageCallback):
             allowed = set(self._opt_params[prev.opt]) if prev is not None \
                 and prev.kind == "pre" and prev.opt is not None else set()
             self._seen[phase] = self._seen.get(phase, 0) + 1
-            changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+            changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True))
+                       if _differs(a, b)]
             frozen = [i for i in changed if i in self._frozen]
             outside = [i for i in changed if i not in self._frozen and i not in allowed]
             for group, into in ((frozen, self._frozen_changes), (outside, self._changes)):
