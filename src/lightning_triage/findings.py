@@ -471,6 +471,7 @@ _UPDATE_SYMPTOMS: dict[str, frozenset[str]] = {
     "grad.spike": frozenset({"wiring.grads_not_zeroed"}),
     "curve.loss_spike": frozenset({"wiring.grads_not_zeroed"}),
     "curve.lr_too_high": frozenset({"wiring.grads_not_zeroed"}),
+    "curve.diverging": frozenset({"wiring.grads_not_zeroed"}),
 }
 # Non-finite findings that mark a blow-up at their step (numerics with a layer are added below).
 _BLOW_UPS = frozenset({"curve.diverging", "numerics.nonfinite_loss",
@@ -552,8 +553,8 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
       same step or at most :data:`SPIKE_WINDOW` steps later.
     - ``grad.update_ratio`` (explained by ``wiring.grads_not_zeroed``,
       ``wiring.optimizer_not_stepping`` and ``wiring.params_changed_outside_step``),
-      ``grad.exploding``, ``grad.spike``, ``curve.loss_spike`` and ``curve.lr_too_high`` (by
-      ``wiring.grads_not_zeroed``): the update itself is broken; these three wiring codes also explain ``overfit.failed`` and
+      ``grad.exploding``, ``grad.spike``, ``curve.loss_spike``, ``curve.lr_too_high`` and
+      ``curve.diverging`` (by ``wiring.grads_not_zeroed``): the update itself is broken; these three wiring codes also explain ``overfit.failed`` and
       ``curve.not_learning``.
     - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
       whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move
