@@ -472,6 +472,7 @@ _UPDATE_SYMPTOMS: dict[str, frozenset[str]] = {
     "curve.loss_spike": frozenset({"wiring.grads_not_zeroed"}),
     "curve.lr_too_high": frozenset({"wiring.grads_not_zeroed"}),
     "curve.diverging": frozenset({"wiring.grads_not_zeroed"}),
+    "curve.lr_too_low": _UPDATE_CAUSES,
 }
 # Non-finite findings that mark a blow-up at their step (numerics with a layer are added below).
 _BLOW_UPS = frozenset({"curve.diverging", "numerics.nonfinite_loss",
@@ -551,7 +552,7 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
     - ``curve.loss_spike``, ``grad.exploding``, ``grad.spike``: explained by a blow-up (a
       localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
       same step or at most :data:`SPIKE_WINDOW` steps later.
-    - ``grad.update_ratio`` (explained by ``wiring.grads_not_zeroed``,
+    - ``grad.update_ratio`` and ``curve.lr_too_low`` (explained by ``wiring.grads_not_zeroed``,
       ``wiring.optimizer_not_stepping`` and ``wiring.params_changed_outside_step``),
       ``grad.exploding``, ``grad.spike``, ``curve.loss_spike``, ``curve.lr_too_high`` and
       ``curve.diverging`` (by ``wiring.grads_not_zeroed``): the update itself is broken; these three wiring codes also explain ``overfit.failed`` and
