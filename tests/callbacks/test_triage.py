@@ -19,6 +19,7 @@ def test_bundle_runs_every_check_in_protocol_order() -> None:
         "WorstErrors",  # data (validation)
         "InitialLossCheck",  # init
         "GradientWiringCheck",  # wiring
+        "UpdateContractCheck",  # wiring (the update's contracts)
         "OverfitBatchCheck",  # overfit
         "StructureProbe",  # structure
         "PaddingProbe",  # structure
