@@ -555,8 +555,9 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
     - ``grad.update_ratio`` and ``curve.lr_too_low`` (explained by ``wiring.grads_not_zeroed``,
       ``wiring.optimizer_not_stepping`` and ``wiring.params_changed_outside_step``),
       ``grad.exploding``, ``grad.spike``, ``curve.loss_spike``, ``curve.lr_too_high`` and
-      ``curve.diverging`` (by ``wiring.grads_not_zeroed``): the update itself is broken; these three wiring codes also explain ``overfit.failed`` and
-      ``curve.not_learning``.
+      ``curve.diverging`` (by ``wiring.grads_not_zeroed``): the update itself is broken.
+      These symptoms then name only the wiring codes; the three codes also explain
+      ``overfit.failed`` and ``curve.not_learning``.
     - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
       whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move
       the first layer).

@@ -135,7 +135,7 @@ def test_optimizer_not_stepping_is_found_within_5_steps_of_its_start(tmp_path: P
     assert f.global_step == 9 and f.evidence["steps"] == [9, 10, 11, 12, 13]
 
 
-@pytest.mark.parametrize("build, cause", [
+@pytest.mark.parametrize(("build", "cause"), [
     (m.ClosureOnlyStep, "wiring.optimizer_not_stepping"),
     (m.NoOpZeroGrad, "wiring.grads_not_zeroed"),
 ])

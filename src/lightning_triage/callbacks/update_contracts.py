@@ -19,6 +19,7 @@ from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.callbacks.gradient_wiring import sharded_strategy
 from lightning_triage.functional.update import (
     FORWARD,
+    STALLED_STEPS,
     Change,
     GradState,
     StepRecord,
@@ -156,8 +157,7 @@ class UpdateContractCheck(TriageCallback):
         if not self._armed:
             return
         first = not any(p.kind == "backward" for p in self._points)
-        grads = tensor_norms([p.grad for p in self._params])
-        norms = self._norms() if first else torch.empty(0, device=grads.device)
+        norms, grads = self._norms_and_grads(first)
         self._points.append(_Point("backward", None, trainer.global_step, norms, grads))
 
     @override
@@ -170,9 +170,9 @@ class UpdateContractCheck(TriageCallback):
         if opt is None or (opt, trainer.global_step) in self._stepped:
             return  # LBFGS: its closure runs again inside the step
         self._stepped.add((opt, trainer.global_step))
-        grads = tensor_norms([p.grad for p in self._params])
+        norms, grads = self._norms_and_grads(True)
         lr = max((float(g["lr"]) for g in optimizer.param_groups), default=0.0)
-        self._points.append(_Point("pre", opt, trainer.global_step, self._norms(), grads, lr))
+        self._points.append(_Point("pre", opt, trainer.global_step, norms, grads, lr))
 
     @override
     @guarded
@@ -212,6 +212,9 @@ class UpdateContractCheck(TriageCallback):
             self._done = True
             self.skip(f"skipped: parameters are sharded/flattened under `{sharded}`")
             return False
+        if any(isinstance(p, torch.nn.parameter.UninitializedParameter)
+               for p in pl_module.parameters()):
+            return False  # lazy modules: armed at the first batch after their first forward
         seen: set[int] = set()
         for name, p in pl_module.named_parameters():
             if id(p) not in seen:
@@ -246,6 +249,14 @@ class UpdateContractCheck(TriageCallback):
 
     def _norms(self) -> Tensor:
         return tensor_norms(self._params)
+
+    def _norms_and_grads(self, with_params: bool) -> tuple[Tensor, Tensor]:
+        """The gradients' norms, and the parameters' (empty unless ``with_params``), read
+        together."""
+        grads = [p.grad for p in self._params]
+        both = tensor_norms([*self._params, *grads] if with_params else grads)
+        n = len(self._params) if with_params else 0
+        return both[:n], both[n:]
 
     def _point(self, kind: str, opt: int | None, step: int) -> None:
         self._points.append(_Point(kind, opt, step, self._norms()))
@@ -320,7 +331,8 @@ class UpdateContractCheck(TriageCallback):
             lr = max((float(g["lr"]) for g in trainer.optimizers[0].param_groups), default=0.0)
             self._records[0].append(StepRecord(self._step_at_start, False, "ok", moved, lr))
         for opt, records in enumerate(self._records):
-            if opt not in self._stalled:
+            if opt not in self._stalled and len(records) >= STALLED_STEPS \
+                    and all(r.stalled for r in records[-STALLED_STEPS:]):
                 verdict = stepping_verdict(self._opt_names[opt], records)
                 if verdict is not None:
                     self._stalled.add(opt)

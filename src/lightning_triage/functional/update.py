@@ -49,22 +49,21 @@ def tensor_norms(tensors: Sequence[Tensor | None]) -> Tensor:
         >>> tensor_norms([torch.ones(4), None, torch.zeros(2)]).tolist()
         [2.0, 0.0, 0.0]
     """
-    present = [(i, t.detach()) for i, t in enumerate(tensors) if t is not None and t.numel()]
-    device = present[0][1].device if present else torch.device("cpu")
-    out = torch.zeros(len(tensors), dtype=torch.float32, device=device)
-    if not present:
-        return out
+    present = [t.detach() for t in tensors if t is not None and t.numel()]
+    device = present[0].device if present else torch.device("cpu")
     with torch.no_grad():
-        dense = [(i, t) for i, t in present if t.layout == torch.strided]
-        norms = list(torch._foreach_norm([t for _, t in dense], 2, dtype=torch.float32)) \
-            if dense else []
-        index = [i for i, _ in dense]
-        for i, t in present:
-            if t.layout != torch.strided:  # sparse gradients: no foreach kernel
-                norms.append(t.coalesce().values().float().norm())
-                index.append(i)
-        out[torch.tensor(index, device=device)] = torch.stack([n.to(device) for n in norms])
-    return out
+        dense = [t for t in present if t.layout == torch.strided]
+        norms = iter(torch._foreach_norm(dense, 2, dtype=torch.float32) if dense else ())
+        zero = torch.zeros((), dtype=torch.float32, device=device)
+        out = []
+        for t in tensors:
+            if t is None or not t.numel():
+                out.append(zero)
+            elif t.layout == torch.strided:
+                out.append(next(norms).to(device))
+            else:  # sparse gradients: no foreach kernel
+                out.append(t.detach().coalesce().values().float().norm().to(device))
+        return torch.stack(out) if out else zero.reshape(0)
 
 
 def _names(params: Iterable[str], universe: Mapping[str, int], limit: int = 4) -> str:
