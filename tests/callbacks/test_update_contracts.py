@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.callbacks import BackboneFinetuning
 
 from lightning_triage import Triage, TriageConfigError, UpdateContractCheck
+from lightning_triage._compat import grad_scaler
 from tests.callbacks import update_models as m
 from tests.helpers import make_trainer, seeds
 from tests.probe_models import Classifier, TinyGAN, digits
@@ -192,6 +193,22 @@ def test_gradient_scaler_skipping_steps_is_not_a_stall(tmp_path: Path) -> None:
             scale = 1e6 if 2 <= batch_idx < 10 else 1.0  # fp16 overflows: 8 skipped steps
             return torch.nn.functional.cross_entropy(self.net(x) * scale, y)
 
-    check = fit(tmp_path, Overflow(), accelerator="cuda", precision="16-mixed",
-                limit_train_batches=14, window=14)
+    pl.seed_everything(0, verbose=False)
+    check = UpdateContractCheck(window=14, strict=True)
+    trainer = make_trainer(tmp_path, [check], accelerator="cuda", precision="16-mixed",
+                           limit_train_batches=14)
+    trainer.fit(Overflow(), *digits())
+    assert grad_scaler(trainer).get_scale() <= 65536.0 / 2**6  # the scaler did skip steps
     assert check.findings == [], [f.message for f in check.findings]
+    assert check.ran
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed", "32-true"])
+def test_cuda_runs_broken_and_healthy(tmp_path: Path, precision: str) -> None:
+    kwargs = {"accelerator": "cuda", "precision": precision}
+    assert fit(tmp_path, Classifier(), **kwargs).findings == []
+    f = _the(fit(tmp_path, m.NoOpZeroGrad(), **kwargs), "wiring.grads_not_zeroed")
+    assert f.global_step == 1
+    f = _the(fit(tmp_path, m.NoneFrom(start=5), **kwargs), "wiring.optimizer_not_stepping")
+    assert f.global_step == 5 and f.evidence["cause"] == "skipped"
