@@ -4,7 +4,8 @@ For the tiny MLP and the small CNN:
 
 - **steady state** (after the window): the ``Triage()`` bundle with the check and the bundle
   without it (main's bundle) are each attached on every other training step of one fit after a
-  warm-up epoch that closes every window (``ab_steps.py``), in interleaved rounds; printed as
+  warm-up epoch that closes every window (``ab_steps.py``), in interleaved rounds (alternating
+  which goes first); printed as
   the CPU time each adds per step (mean of the "on" steps minus mean of the "off" steps) and the
   difference. The check goes idle after its window, so the bundle stops dispatching its hooks:
   the difference should be noise.
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--steps", type=int, default=300, help="steps per epoch (steady state)")
     parser.add_argument("--epochs", type=int, default=2, help="timed epochs (after 1 warm-up)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved steady-state rounds")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved steady-state rounds")
     parser.add_argument("--window", type=int, default=40, help="steps of each window fit")
     parser.add_argument("--pairs", type=int, default=5, help="window fit pairs")
     args = parser.parse_args()
@@ -103,8 +104,8 @@ def main() -> None:
         data = synthetic_loader(shape, args.steps, 32)
         added: dict[bool, list[float]] = {False: [], True: []}
         bare: list[float] = []
-        for _ in range(args.rounds):
-            for with_contracts in (False, True):
+        for i in range(args.rounds):
+            for with_contracts in ((True, False) if i % 2 else (False, True)):
                 result = measure(build, data, [bundle(with_contracts)], epochs=args.epochs)
                 added[with_contracts].append(added_us(result))
                 bare.append(1e6 * statistics.fmean(t[0] for t in result.off))

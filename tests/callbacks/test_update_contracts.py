@@ -212,3 +212,19 @@ def test_cuda_runs_broken_and_healthy(tmp_path: Path, precision: str) -> None:
     assert f.global_step == 1
     f = _the(fit(tmp_path, m.NoneFrom(start=5), **kwargs), "wiring.optimizer_not_stepping")
     assert f.global_step == 5 and f.evidence["cause"] == "skipped"
+
+
+def test_a_crashed_fit_leaves_nothing_behind(tmp_path: Path) -> None:
+    class Crash(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step == 3:
+                raise RuntimeError("boom")
+
+    model = Classifier()
+    check = UpdateContractCheck(window=BATCHES, strict=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        make_trainer(tmp_path, [check, Crash()], limit_train_batches=BATCHES).fit(
+            model, *digits())
+    assert not model.trainer.optimizers[0]._optimizer_step_post_hooks
+    make_trainer(tmp_path, [check], limit_train_batches=BATCHES).fit(Classifier(), *digits())
+    assert check.findings == [] and check.ran

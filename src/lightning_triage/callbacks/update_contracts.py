@@ -215,6 +215,7 @@ class UpdateContractCheck(TriageCallback):
         if any(isinstance(p, torch.nn.parameter.UninitializedParameter)
                for p in pl_module.parameters()):
             return False  # lazy modules: armed at the first batch after their first forward
+        self._reset()  # a fit that ended inside the window (an exception) left its readings
         seen: set[int] = set()
         for name, p in pl_module.named_parameters():
             if id(p) not in seen:
@@ -420,8 +421,10 @@ class UpdateContractCheck(TriageCallback):
                       "step(s))")
 
     @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        super().teardown(trainer, pl_module, stage)
+    def remove_handles(self) -> None:
+        """Remove the optimizer hooks and disarm (teardown, exception, end of the window): the
+        next fit arms again from scratch."""
+        super().remove_handles()
         self._armed = False
         self._points = []
 
