@@ -106,7 +106,7 @@ def zeroing_verdict(optimizer: str, steps: Sequence[int], clean: Sequence[bool],
         at the first step that was not.
 
     Example:
-        >>> zeroing_verdict("optimizer 0 (SGD)", [0, 1, 2, 3], [True, True, False, True], [],
+        >>> zeroing_verdict("optimizer 0 (SGD)", [0, 1, 2, 3], [True, False, True, False], [],
         ...                 {}) is None  # zeroed every second step: accumulation
         True
         >>> v = zeroing_verdict("optimizer 0 (SGD)", [0, 1, 2, 3], [True, False, False, False],
@@ -297,7 +297,7 @@ def frozen_change_verdict(changes: Sequence[Change],
     Example:
         >>> v = frozen_change_verdict([Change(2, "during the step of optimizer 0 (AdamW)",
         ...                                   ("backbone.weight",), 0.01)],
-        ...                           {"backbone.weight": 16})
+        ...                           {"backbone.weight": 16, "head.weight": 4})
         >>> v.code, v.layer
         ('wiring.frozen_params_changed', 'backbone')
     """
