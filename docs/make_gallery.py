@@ -281,6 +281,59 @@ Build = Callable[[], tuple[pl.LightningModule, Any, Any]]
 Scenario = tuple[str, Build, dict[str, Any]]
 
 
+class NoZeroGradMLP(DigitsMLP):
+    """An ``optimizer_zero_grad`` override that does nothing: gradients add up step after step."""
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        pass
+
+
+class LRToZeroMLP(DigitsMLP):
+    """A step-wise LR schedule whose factor drops to 0 after 10 steps."""
+
+    def configure_optimizers(self) -> Any:
+        opt = super().configure_optimizers()
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 if s < 10 else 0.0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class ResetEveryMLP(DigitsMLP):
+    """Re-runs ``reset_parameters`` on the first layer every 8 batches."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (batch_idx + 1) % 8 == 0:
+            self.net[0].reset_parameters()
+
+
+class FreezeLaterMLP(DigitsMLP):
+    """Freezes the first layer after 3 batches; AdamW still holds it and ``zero_grad`` keeps its
+    gradient as a zero tensor."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 3:
+            self.net[0].requires_grad_(False)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        optimizer.zero_grad(set_to_none=False)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.1)
+
+
+class FrozenBatchNormMLP(DigitsMLP):
+    """A frozen input block with BatchNorm, never put in eval mode."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stem = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64)).requires_grad_(False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(self.stem(x))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.net.parameters(), lr=self.lr)
+
+
 def digits_model(model: Callable[[], pl.LightningModule],
                  data: Callable[[], Loaders] = digits_loaders) -> Build:
     def build() -> tuple[pl.LightningModule, Any, Any]:
@@ -334,6 +387,12 @@ SCENARIOS: list[Scenario] = [
     ("manual optimization with a `torch.log` layer", D(lambda: ManualMLP(lr=0.1)), {}),
     ("twelve sigmoid layers", D(lambda: DeepSigmoidMLP(lr=0.1)), {}),
     ("SGD at learning rate 3", D(mlp(3.0)), {}),
+    ("`optimizer_zero_grad` overridden with `pass`", D(lambda: NoZeroGradMLP(lr=0.1)), {}),
+    ("an LR schedule that drops to 0 after 10 steps", D(lambda: LRToZeroMLP(lr=0.1)), {}),
+    ("the first layer re-initialized every 8 batches", D(lambda: ResetEveryMLP(lr=0.1)), {}),
+    ("first layer frozen mid-run, AdamW with weight decay still holding it",
+     D(lambda: FreezeLaterMLP(lr=0.1)), {}),
+    ("a frozen BatchNorm stem left in training mode", D(lambda: FrozenBatchNormMLP(lr=0.1)), {}),
     ("256-unit MLP, Adam, 64 training examples, 30 epochs",
      D(lambda: WideMLP(lr=1e-2), small_loaders), {"max_epochs": 30}),
 ]

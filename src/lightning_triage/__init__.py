@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         Triage,
         TriageCallback,
         TriageReport,
+        UpdateContractCheck,
         WorstErrors,
     )
 
@@ -48,7 +49,8 @@ _CALLBACKS = frozenset({
     "AutocastCheck", "BatchInspector", "DataLoaderCheck", "EvalContractCheck",
     "EvalModeCheck", "GradientMonitor", "GradientWiringCheck",
     "InitialLossCheck", "LossCurveMonitor", "NonFiniteTracer", "OverfitBatchCheck",
-    "PaddingProbe", "StructureProbe", "Triage", "TriageCallback", "TriageReport", "WorstErrors",
+    "PaddingProbe", "StructureProbe", "Triage", "TriageCallback", "TriageReport", "UpdateContractCheck",
+    "WorstErrors",
 })
 
 
@@ -89,6 +91,7 @@ __all__ = [
     "TriageGateError",
     "TriageReport",
     "TriageReportError",
+    "UpdateContractCheck",
     "WorstErrors",
     "__version__",
 ]

@@ -18,13 +18,17 @@ SPIKE_WINDOW = 10
 
 # Finding codes that name a cause when they are a problem (error or warning). A cause is never
 # explained by another finding; the symptoms below are explained by the causes present.
+_UPDATE_CAUSES = frozenset({
+    "wiring.grads_not_zeroed", "wiring.optimizer_not_stepping",
+    "wiring.params_changed_outside_step",
+})
 _OVERFIT_CAUSES = frozenset({
     "data.nonfinite_input", "data.nonfinite_target", "data.unnormalized_input",
     "data.tiny_input_scale",
     "data.constant_input", "data.target_out_of_range",
     "init.loss_above_chance",
     "wiring.no_grad_params", "wiring.zero_grad_params", "wiring.loss_detached",
-    "wiring.params_not_in_optimizer",
+    "wiring.params_not_in_optimizer", *_UPDATE_CAUSES,
     "overfit.loss_on_probabilities",
     "structure.batch_mixing", "structure.shape_mismatch",
     "curve.lr_too_low", "curve.lr_too_high", "curve.diverging",
@@ -34,10 +38,21 @@ _OVERFIT_CAUSES = frozenset({
 _NOT_LEARNING_CAUSES = frozenset({
     "data.constant_input", "data.tiny_input_scale", "data.nonfinite_input", "data.nonfinite_target",
     "wiring.no_grad_params", "wiring.zero_grad_params", "wiring.loss_detached",
-    "wiring.params_not_in_optimizer",
+    "wiring.params_not_in_optimizer", *_UPDATE_CAUSES,
     "grad.vanishing", "grad.update_ratio",
     "numerics.nonfinite_loss", "numerics.precision_overflow",
 })
+# Symptoms of a broken update contract (the cause leads): an optimizer that does not step
+# shows as a tiny update ratio; gradients that are never zeroed grow step after step.
+_UPDATE_SYMPTOMS: dict[str, frozenset[str]] = {
+    "grad.update_ratio": _UPDATE_CAUSES,
+    "grad.exploding": frozenset({"wiring.grads_not_zeroed"}),
+    "grad.spike": frozenset({"wiring.grads_not_zeroed"}),
+    "curve.loss_spike": frozenset({"wiring.grads_not_zeroed"}),
+    "curve.lr_too_high": frozenset({"wiring.grads_not_zeroed"}),
+    "curve.diverging": frozenset({"wiring.grads_not_zeroed"}),
+    "curve.lr_too_low": _UPDATE_CAUSES,
+}
 # Non-finite findings that mark a blow-up at their step (numerics with a layer are added below).
 _BLOW_UPS = frozenset({"curve.diverging", "numerics.nonfinite_loss",
                        "numerics.precision_overflow"})
@@ -70,7 +85,10 @@ def _names_cause(f: Finding, causes: frozenset[str]) -> bool:
 def _explainers(f: Finding, findings: Sequence[Finding]) -> list[str]:
     """The codes of the findings that explain ``f`` (empty: ``f`` is not explained)."""
     others = [g for g in findings if g is not f and g.code != f.code]
-    if f.code in ("overfit.failed", "overfit.inconclusive"):
+    update = [g for g in others if g.is_problem and g.code in _UPDATE_SYMPTOMS.get(f.code, ())]
+    if update:  # a broken update contract explains the symptom before anything else
+        found = update
+    elif f.code in ("overfit.failed", "overfit.inconclusive"):
         found = [g for g in others if _names_cause(g, _OVERFIT_CAUSES)]
     elif f.code == "curve.not_learning":
         found = [g for g in others if _names_cause(g, _NOT_LEARNING_CAUSES)

@@ -213,6 +213,40 @@ _SPECS: tuple[CodeSpec, ...] = (
           "Pass all trainable parameters to the optimizer in `configure_optimizers` "
           "(`self.parameters()`, not one submodule's).",
           when="Parameters receive gradients but are in no param group of `trainer.optimizers`."),
+    _spec("wiring.grads_not_zeroed", "error", "Gradients are not zeroed between optimizer steps",
+          "Call `optimizer.zero_grad()` once per step (manual optimization: after `opt.step()`; "
+          "an `optimizer_zero_grad` override must still zero). To accumulate on purpose, set "
+          "`Trainer(accumulate_grad_batches=k)` or step and zero every k batches.",
+          when="An optimizer steps on gradients left from before its previous step, not at "
+               "regular intervals, in the first steps."),
+    _spec("wiring.optimizer_not_stepping", "error", "The optimizer does not move the parameters",
+          "See the cause in the evidence: `zero_lr`: check the LR scheduler (its factor at these "
+          "steps) and `lr`; `skipped`: `training_step` returns `None` from that step on; "
+          "`not_called`: an `optimizer_step` override must call `optimizer.step(closure=...)`; "
+          "`no_effect`: `optimizer.step` was replaced or wrapped by something that does nothing.",
+          when="5 optimizer steps in a row leave every parameter unchanged (no gradient, zero "
+               "LR, a no-op step, a step not reached)."),
+    _spec("wiring.params_changed_outside_step", "warning",
+          "Parameters change outside the optimizer step",
+          "Look for code that writes the weights between steps: a hook or callback re-running "
+          "init (`reset_parameters`), `load_state_dict` mid-run, an EMA copied into the live "
+          "weights, an in-place edit under `torch.no_grad()` in `forward`. A deliberate "
+          "projection (weight clipping) can stay.",
+          when="A trainable parameter's norm changes between the end of an optimizer step and "
+               "the start of the next, in the first steps."),
+    _spec("wiring.frozen_params_changed", "warning", "Frozen parameters change",
+          "Leave frozen parameters out of the optimizer (`filter(lambda p: p.requires_grad, "
+          "...)`), or let `zero_grad()` set their `.grad` to `None` before freezing; look for "
+          "in-place edits of them.",
+          when="A parameter with `requires_grad=False` or in no optimizer changes in the first "
+               "steps."),
+    _spec("wiring.frozen_batchnorm_in_train", "warning",
+          "BatchNorm in a frozen part is in training mode",
+          "Lightning calls `model.train()` when training starts: put the frozen part in eval "
+          "mode in `on_train_epoch_start` (`self.backbone.eval()`), or freeze the statistics "
+          "(`track_running_stats=False`).",
+          when="Running statistics of a layer whose module is frozen move during the first "
+               "steps."),
     # 4. overfit
     _spec("overfit.failed", "error", "Could not overfit one small batch",
           "A model that cannot memorize 8 examples has a bug: check the wiring findings, frozen "

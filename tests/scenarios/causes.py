@@ -165,7 +165,7 @@ def _batch_softmax() -> Built:
 CAUSE_SCENARIOS: list[Scenario] = [
     Scenario("lr-1e-5", "the digits MLP with SGD at lr 1e-5", "curve.lr_too_low",
              _digits_model(lr=1e-5)),
-    Scenario("lr-0", "the digits MLP with SGD at lr 0", "grad.update_ratio",
+    Scenario("lr-0", "the digits MLP with SGD at lr 0", "wiring.optimizer_not_stepping",
              _digits_model(lr=0.0)),
     Scenario("exp-overflow", "an RBF layer computing `exp(+d^2)` (sign bug), SGD lr 0.1",
              "numerics.nonfinite_forward", _exp_overflow),

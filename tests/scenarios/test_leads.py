@@ -23,7 +23,7 @@ EXPECTED_LEAD = {
     "log-softmax-loss": "numerics.nonfinite_loss",
     "lr-good": None,
     "lr-1e-5": "curve.lr_too_low",
-    "lr-0": "grad.update_ratio",
+    "lr-0": "wiring.optimizer_not_stepping",
     "exp-overflow": "numerics.nonfinite_forward",
     "norm-without-eps": "numerics.nonfinite_forward",
     "fp16-overflow": "numerics.precision_overflow",

@@ -48,6 +48,9 @@ from lightning_triage.callbacks.structure_probe import (
 from lightning_triage.callbacks.triage import (
     Triage,
 )
+from lightning_triage.callbacks.update_contracts import (
+    UpdateContractCheck,
+)
 from lightning_triage.callbacks.worst_errors import (
     WorstErrors,
 )
@@ -61,6 +64,7 @@ CHECKS: tuple[type[TriageCallback], ...] = (
     WorstErrors,
     InitialLossCheck,
     GradientWiringCheck,
+    UpdateContractCheck,
     OverfitBatchCheck,
     StructureProbe,
     PaddingProbe,
@@ -119,6 +123,7 @@ __all__ = [
     "Triage",
     "TriageCallback",
     "TriageReport",
+    "UpdateContractCheck",
     "WorstErrors",
     "check_stages",
     "code_owners",

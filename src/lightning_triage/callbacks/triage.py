@@ -31,6 +31,7 @@ from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.padding_probe import PaddingProbe
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
+from lightning_triage.callbacks.update_contracts import UpdateContractCheck
 from lightning_triage.callbacks.worst_errors import WorstErrors
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
@@ -191,6 +192,7 @@ class Triage(Callback):
                 InitialLossCheck(task=task, num_classes=num_classes, input_key=ik, target_key=tk,
                                  strict=strict),
                 GradientWiringCheck(strict=strict),
+                UpdateContractCheck(strict=strict),
                 *([overfit_check] if overfit else []),
                 StructureProbe(causal=causal, forward_fn=forward_fn, input_key=ik, target_key=tk,
                                strict=strict),

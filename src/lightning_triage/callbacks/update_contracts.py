@@ -1,0 +1,441 @@
+"""Stage 3 (wiring): the contracts of the update, checked on the first steps of the fit."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_triage.callbacks._args import check_int
+from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.callbacks.gradient_wiring import sharded_strategy
+from lightning_triage.functional.update import (
+    FORWARD,
+    STALLED_STEPS,
+    Change,
+    GradState,
+    StepRecord,
+    frozen_change_verdict,
+    frozen_running_stats,
+    frozen_running_stats_verdict,
+    outside_change_verdicts,
+    stepping_verdict,
+    tensor_norms,
+    zeroing_verdict,
+)
+
+#: Training batches after which the running statistics of frozen parts are compared.
+RUNNING_STATS_BATCHES = 3
+
+
+def _differs(a: float, b: float) -> bool:
+    """Whether two norms differ (NaN equals NaN: a parameter that stays non-finite did not
+    change; that is the numerics stage's finding)."""
+    return a != b and not (math.isnan(a) and math.isnan(b))
+
+
+@dataclass
+class _Point:
+    """A reading of every parameter's norm at one point of a batch (device tensors until the
+    batch ends)."""
+
+    kind: str  # "start", "backward", "pre", "post", "end"
+    opt: int | None
+    step: int
+    norms: Tensor
+    grads: Tensor | None = None
+    lr: float = 0.0
+
+
+class UpdateContractCheck(TriageCallback):
+    """Check on the first steps that the update keeps the training loop's contracts.
+
+    For the first ``window`` training batches it reads the norm of every parameter (one fused
+    ``foreach`` kernel) at the start of the batch, at the first backward, before and after each
+    optimizer step and at the end of the batch, and the gradients' norms at each backward and
+    before each step; one host sync per batch. Then it decides, removes its hooks and goes idle.
+
+    Findings:
+        ``wiring.grads_not_zeroed`` (an optimizer steps on gradients that were not zeroed since
+        its previous step; regular accumulation is silent), ``wiring.optimizer_not_stepping``
+        (:data:`~lightning_triage.functional.update.STALLED_STEPS` steps in a row that move no
+        parameter: no gradient, a zero learning rate, a no-op step, a step never reached),
+        ``wiring.params_changed_outside_step`` (trainable parameters that change between
+        steps: a re-initialization, ``load_state_dict``, an in-place edit in ``forward``; info
+        for a projection applied at every step such as weight clipping),
+        ``wiring.frozen_params_changed`` and ``wiring.frozen_batchnorm_in_train`` (BatchNorm in
+        training mode inside a frozen part, its running statistics moving).
+
+    Args:
+        window: training batches watched from the start of fit.
+        strict: raise internal errors instead of disabling the check.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[UpdateContractCheck()])
+
+        In LightningCLI YAML::
+
+            trainer:
+              callbacks:
+                - class_path: lightning_triage.UpdateContractCheck
+                  init_args:
+                    window: 40
+    """
+
+    stage: ClassVar[str] = "wiring"
+    codes: ClassVar[tuple[str, ...]] = (
+        "wiring.grads_not_zeroed", "wiring.optimizer_not_stepping",
+        "wiring.params_changed_outside_step", "wiring.frozen_params_changed",
+        "wiring.frozen_batchnorm_in_train")
+
+    def __init__(self, *, window: int = 40, strict: bool = False) -> None:
+        super().__init__(strict=strict)
+        check_int("window", window, 2)
+        self.window = window
+        self._done = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._armed = False
+        self._batches = 0
+        self._names: list[str] = []
+        self._params: list[Tensor] = []
+        self._sizes: dict[str, int] = {}
+        self._opt_params: list[list[int]] = []
+        self._opt_names: list[str] = []
+        self._init: list[float] = []
+        self._frozen: set[int] = set()
+        self._points: list[_Point] = []
+        self._last_end: list[float] | None = None
+        self._stepped: set[tuple[int, int]] = set()
+        self._step_at_start = 0
+        # contract state
+        self._dirty: list[set[int]] = []
+        self._after_val: set[int] = set()
+        self._zeroing: list[tuple[list[int], list[bool], list[str]]] = []
+        self._records: list[list[StepRecord]] = []
+        self._stalled: set[int] = set()
+        self._changes: list[Change] = []
+        self._frozen_changes: list[Change] = []
+        self._seen: dict[str, int] = {}
+        self._bn: list[tuple[str, str, Tensor]] = []
+        self._bn_step = 0
+
+    # ------------------------------------------------------------------ hooks
+    @override
+    @guarded
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self._done:
+            self.idle = True
+            return
+        if not self._armed and not self._arm(trainer, pl_module):
+            return
+        self._step_at_start = trainer.global_step
+        held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
+                for p in g["params"]}
+        self._frozen = {i for i, p in enumerate(self._params)
+                        if not p.requires_grad or id(p) not in held}
+        index = {id(p): i for i, p in enumerate(self._params)}  # param groups may be added
+        self._opt_params = [sorted({index[id(p)] for g in opt.param_groups for p in g["params"]
+                                    if id(p) in index}) for opt in trainer.optimizers]
+        self._point("start", None, trainer.global_step)
+
+    @override
+    @guarded
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           loss: Tensor) -> None:
+        if not self._armed:
+            return
+        first = not any(p.kind == "backward" for p in self._points)
+        norms, grads = self._norms_and_grads(first)
+        self._points.append(_Point("backward", None, trainer.global_step, norms, grads))
+
+    @override
+    @guarded
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: Optimizer) -> None:
+        if not self._armed:
+            return
+        opt = self._opt_index(trainer, optimizer)
+        if opt is None or (opt, trainer.global_step) in self._stepped:
+            return  # LBFGS: its closure runs again inside the step
+        self._stepped.add((opt, trainer.global_step))
+        norms, grads = self._norms_and_grads(True)
+        lr = max((float(g["lr"]) for g in optimizer.param_groups), default=0.0)
+        self._points.append(_Point("pre", opt, trainer.global_step, norms, grads, lr))
+
+    @override
+    @guarded
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
+        if self._done:
+            self.idle = True
+            return
+        if not self._armed:
+            return
+        self._point("end", None, trainer.global_step)
+        self._close_batch(trainer, pl_module)
+        self._batches += 1
+        if self._batches == RUNNING_STATS_BATCHES:
+            self._decide_running_stats(trainer)
+        if self._batches >= self.window:
+            self._finish(trainer)
+
+    @override
+    @guarded
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._armed and not trainer.sanity_checking:
+            # Lightning zeroes the gradients before validation: the next step of each
+            # optimizer is clean whatever the user's code does (no evidence either way)
+            self._after_val = set(range(len(self._dirty)))
+
+    @override
+    @guarded
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._armed and not self._done:
+            self._finish(trainer)
+
+    # ------------------------------------------------------------------ readings
+    def _arm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        sharded = sharded_strategy(trainer)
+        if sharded is not None:
+            self._done = True
+            self.skip(f"skipped: parameters are sharded/flattened under `{sharded}`")
+            return False
+        if any(isinstance(p, torch.nn.parameter.UninitializedParameter)
+               for p in pl_module.parameters()):
+            return False  # lazy modules: armed at the first batch after their first forward
+        self._reset()  # a fit that ended inside the window (an exception) left its readings
+        seen: set[int] = set()
+        for name, p in pl_module.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                self._names.append(name)
+                self._params.append(p)
+                self._sizes[name] = p.numel()
+        for i, opt in enumerate(trainer.optimizers):
+            self._opt_names.append(f"optimizer {i} ({type(opt).__name__})")
+            self.add_handle(opt.register_step_post_hook(self._post_hook(trainer, i)))
+        n = len(trainer.optimizers)
+        self._dirty = [set() for _ in range(n)]
+        self._zeroing = [([], [], []) for _ in range(n)]
+        self._records = [[] for _ in range(n)]
+        self._init = self._norms().tolist()
+        frozen_bn = set(frozen_running_stats(pl_module))
+        self._bn = [(name, type(m).__name__, self._running_norms(m))
+                    for name, m in pl_module.named_modules() if name in frozen_bn]
+        self._bn_step = trainer.global_step
+        self._armed = True
+        return True
+
+    @staticmethod
+    def _running_norms(m: torch.nn.Module) -> Tensor:
+        return tensor_norms([getattr(m, "running_mean", None), getattr(m, "running_var", None)])
+
+    def _post_hook(self, trainer: pl.Trainer, opt: int) -> Any:
+        def hook(optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+            if self._armed:
+                self._points.append(_Point("post", opt, trainer.global_step, self._norms()))
+        return self.guard_hook(trainer, "optimizer step post-hook", hook)
+
+    def _norms(self) -> Tensor:
+        return tensor_norms(self._params)
+
+    def _norms_and_grads(self, with_params: bool) -> tuple[Tensor, Tensor]:
+        """The gradients' norms, and the parameters' (empty unless ``with_params``), read
+        together."""
+        grads = [p.grad for p in self._params]
+        both = tensor_norms([*self._params, *grads] if with_params else grads)
+        n = len(self._params) if with_params else 0
+        return both[:n], both[n:]
+
+    def _point(self, kind: str, opt: int | None, step: int) -> None:
+        self._points.append(_Point(kind, opt, step, self._norms()))
+
+    def _opt_index(self, trainer: pl.Trainer, optimizer: Optimizer) -> int | None:
+        for i, opt in enumerate(trainer.optimizers):
+            if opt is optimizer or getattr(optimizer, "optimizer", None) is opt:
+                return i
+        return None
+
+    # ------------------------------------------------------------------ one batch
+    def _close_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        points, self._points = self._points, []
+        tensors = [t for p in points for t in (p.norms, p.grads) if t is not None]
+        device = tensors[0].device
+        flat = torch.cat([t.to(device) for t in tensors]).tolist()  # the batch's one sync
+        values: list[tuple[list[float], list[float] | None]] = []
+        at = 0
+        for p in points:
+            norms = flat[at:at + p.norms.numel()]
+            at += p.norms.numel()
+            grads = None
+            if p.grads is not None:
+                grads = flat[at:at + p.grads.numel()]
+                at += p.grads.numel()
+            values.append((norms, grads))
+        self._zeroing_events(points, values)
+        self._stepping_events(trainer, pl_module, points, values)
+        self._change_events(points, values)
+        self._last_end = values[-1][0]
+
+    def _zeroing_events(self, points: list[_Point],
+                        values: list[tuple[list[float], list[float] | None]]) -> None:
+        for p, (_, grads) in zip(points, values, strict=True):
+            if grads is None:
+                continue
+            if p.kind == "backward":
+                for dirty in self._dirty:
+                    dirty.difference_update({i for i in dirty if grads[i] == 0.0})
+            elif p.kind == "pre" and p.opt is not None:
+                stale = [i for i in self._dirty[p.opt] if grads[i] != 0.0]
+                self._dirty[p.opt] = set(self._opt_params[p.opt])
+                if p.opt in self._after_val:
+                    self._after_val.discard(p.opt)
+                    continue
+                steps, clean, names = self._zeroing[p.opt]
+                steps.append(p.step)
+                clean.append(not stale)
+                if stale and not names:
+                    names.extend(self._names[i] for i in sorted(stale))
+
+    def _stepping_events(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                         points: list[_Point],
+                         values: list[tuple[list[float], list[float] | None]]) -> None:
+        pres = [k for k, p in enumerate(points) if p.kind == "pre"]
+        for k in pres:
+            opt = points[k].opt
+            assert opt is not None
+            before, grads = values[k]
+            after = next(v[0] for v in values[k + 1:] if v[0])  # the end has norms
+            mine = self._opt_params[opt]
+            g = [grads[i] for i in mine] if grads is not None else []
+            state: GradState = "nonfinite" if any(not math.isfinite(x) for x in g) else \
+                "ok" if any(x > 0 for x in g) else "none"
+            moved = any(_differs(before[i], after[i]) for i in mine)
+            self._records[opt].append(StepRecord(points[k].step, True, state, moved,
+                                                 points[k].lr))
+        if not pres and pl_module.automatic_optimization and self._opt_params \
+                and trainer.global_step > self._step_at_start:
+            before, after = values[0][0], values[-1][0]
+            moved = any(_differs(before[i], after[i]) for i in self._opt_params[0])
+            lr = max((float(g["lr"]) for g in trainer.optimizers[0].param_groups), default=0.0)
+            self._records[0].append(StepRecord(self._step_at_start, False, "ok", moved, lr))
+        for opt, records in enumerate(self._records):
+            if opt not in self._stalled and len(records) >= STALLED_STEPS \
+                    and all(r.stalled for r in records[-STALLED_STEPS:]):
+                verdict = stepping_verdict(self._opt_names[opt], records)
+                if verdict is not None:
+                    self._stalled.add(opt)
+                    self.add_verdict(trainer, verdict)
+
+    def _phase(self, prev: _Point | None, point: _Point) -> str:
+        if prev is None:
+            return "between batches"
+        if prev.kind == "start":
+            return FORWARD
+        if prev.kind == "backward":
+            return "between the backward and the optimizer step" if point.kind == "pre" \
+                else "after the backward"
+        name = self._opt_names[prev.opt] if prev.opt is not None else "?"
+        return f"during the step of {name}" if prev.kind == "pre" else f"after the step of {name}"
+
+    def _change_events(self, points: list[_Point],
+                       values: list[tuple[list[float], list[float] | None]]) -> None:
+        pairs: list[tuple[_Point | None, list[float], _Point, list[float]]] = []
+        if self._last_end is not None:
+            pairs.append((None, self._last_end, points[0], values[0][0]))
+        last: tuple[_Point, list[float]] | None = None
+        for p, (norms, _) in zip(points, values, strict=True):
+            if not norms:  # a later backward of the batch: gradients only
+                continue
+            if last is not None:
+                pairs.append((last[0], last[1], p, norms))
+            last = (p, norms)
+        for prev, before, point, after in pairs:
+            phase = self._phase(prev, point)
+            allowed = set(self._opt_params[prev.opt]) if prev is not None \
+                and prev.kind == "pre" and prev.opt is not None else set()
+            self._seen[phase] = self._seen.get(phase, 0) + 1
+            changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True))
+                       if _differs(a, b)]
+            frozen = [i for i in changed if i in self._frozen]
+            outside = [i for i in changed if i not in self._frozen and i not in allowed]
+            for group, into in ((frozen, self._frozen_changes), (outside, self._changes)):
+                if group:
+                    into.append(self._change(point.step, phase, group, before, after))
+
+    def _change(self, step: int, phase: str, idx: list[int], before: list[float],
+                after: list[float]) -> Change:
+        rel = max(abs(after[i] - before[i]) / max(abs(before[i]), 1e-12) for i in idx)
+        toward = sum(abs(after[i] - self._init[i]) for i in idx) < \
+            0.5 * sum(abs(before[i] - self._init[i]) for i in idx)
+        return Change(step, phase, tuple(self._names[i] for i in idx), rel, toward)
+
+    # ------------------------------------------------------------------ decisions
+    def _decide_running_stats(self, trainer: pl.Trainer) -> None:
+        if not self._bn:
+            return
+        modules = dict(trainer.lightning_module.named_modules())
+        moved: dict[str, float] = {}
+        for name, _, start in self._bn:
+            m = modules.get(name)
+            if m is None:
+                continue
+            now = self._running_norms(m)
+            change = (now - start).abs().max().item()
+            if change > 0:
+                moved[name] = change
+        kinds = {name: kind for name, kind, _ in self._bn}
+        self.add_verdicts(trainer, frozen_running_stats_verdict(
+            moved, kinds, self._bn_step, RUNNING_STATS_BATCHES))
+        self._bn = []
+
+    def _finish(self, trainer: pl.Trainer) -> None:
+        if self._batches < RUNNING_STATS_BATCHES:
+            self._decide_running_stats(trainer)
+        for opt, (steps, clean, stale) in enumerate(self._zeroing):
+            universe = {self._names[i]: self._sizes[self._names[i]] for i in self._opt_params[opt]}
+            self.add_verdicts(trainer, zeroing_verdict(self._opt_names[opt], steps, clean,
+                                                       stale, universe))
+        trainable = {n: s for i, (n, s) in enumerate(self._sizes.items()) if i not in self._frozen}
+        self.add_verdicts(trainer, outside_change_verdicts(self._changes, self._seen, trainable))
+        self.add_verdicts(trainer, frozen_change_verdict(self._frozen_changes, self._sizes))
+        n_steps = sum(len(r) for r in self._records)
+        batches = self._batches
+        self.remove_handles()
+        self._reset()
+        self._done = True
+        self.idle = True
+        self.mark_ran(f"watched the first {batches} training batch(es) ({n_steps} optimizer "
+                      "step(s))")
+
+    @override
+    def remove_handles(self) -> None:
+        """Remove the optimizer hooks and disarm (teardown, exception, end of the window): the
+        next fit arms again from scratch."""
+        super().remove_handles()
+        self._armed = False
+        self._points = []
+
+    # ------------------------------------------------------------------ state
+    @override
+    def extra_state(self) -> dict[str, Any]:
+        return {"done": self._done}
+
+    @override
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self._done = bool(state.get("done", self._done))
+
+
+__all__ = ["UpdateContractCheck"]
