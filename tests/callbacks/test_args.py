@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from lightning_triage import (
+    AutocastCheck,
     BatchInspector,
+    DataLoaderCheck,
+    EvalContractCheck,
     EvalModeCheck,
     GradientMonitor,
     GradientWiringCheck,
@@ -26,8 +29,10 @@ from lightning_triage import (
     Triage,
     TriageConfigError,
     TriageReport,
+    UpdateContractCheck,
     WorstErrors,
 )
+from lightning_triage.callbacks import CHECKS
 from lightning_triage.callbacks._args import aliases, check_number
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
 from tests.helpers import make_trainer
@@ -35,6 +40,12 @@ from tests.helpers import make_trainer
 KEY = 1.5  # not a key, an index nor a callable
 #: For every public class, a bad value of each of its arguments.
 BAD: dict[type, dict[str, Any]] = {
+    AutocastCheck: dict(forward_fn=3, input_key=KEY, target_key=KEY, max_examples=0, strict="no"),
+    DataLoaderCheck: dict(num_batches=0, strict="no"),
+    EvalContractCheck: dict(stochastic_eval="yes", task="nope", num_classes=1, ignore_index=1.5,
+                            input_key=KEY, target_key=KEY, max_examples=0, min_steps=-1,
+                            strict="no"),
+    UpdateContractCheck: dict(window=1, strict="no"),
     BatchInspector: dict(num_batches=0, fingerprint_batches=-1, max_fingerprints=0, num_classes=1,
                          ignore_index="x", input_key=KEY, target_key=KEY, max_rms=1.0,
                          duplicate_fraction=0.0, probe="yes", probe_examples=10, strict="no"),
@@ -70,13 +81,15 @@ BAD: dict[type, dict[str, Any]] = {
                  overfit_batch_size=0, overfit_max_steps=1, overfit_time_budget=0.0, forward_fn=3,
                  on_nonfinite="raise", numerics_mode="fast", numerics_check_every_n_steps=0,
                  window_epochs=-1, window_steps=0, watch="yes", on_spike="stop",
-                 padding_mask_key=KEY, fail_on="fatal", html="yes", log_findings="yes"),
+                 stochastic_eval="yes", padding_mask_key=KEY, fail_on="fatal", html="yes",
+                 log_findings="yes"),
 }
 CASES = [pytest.param(cls, name, value, id=f"{cls.__name__}.{name}")
          for cls, bad in BAD.items() for name, value in bad.items()]
 
 
 def test_every_public_argument_has_a_bad_value() -> None:
+    assert set(CHECKS) | {Triage, TriageReport} <= set(BAD), "a check without bad values"
     for cls, bad in BAD.items():
         assert set(bad) == set(inspect.signature(cls).parameters), cls.__name__
 
@@ -179,6 +192,6 @@ def test_triage_passes_the_batch_keys_to_every_check_that_reads_the_batch() -> N
     readers = [c for c in triage.checks if "input_key" in inspect.signature(type(c)).parameters]
     assert {type(c).__name__ for c in readers} == {
         "BatchInspector", "WorstErrors", "InitialLossCheck", "OverfitBatchCheck", "StructureProbe",
-        "PaddingProbe", "LossCurveMonitor", "NonFiniteTracer"}
+        "PaddingProbe", "EvalContractCheck", "LossCurveMonitor", "NonFiniteTracer", "AutocastCheck"}
     for check in readers:
         assert (check.input_key, check.target_key) == (inputs, "y"), type(check).__name__
