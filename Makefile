@@ -27,7 +27,7 @@ demo: $(VENV)/.demo-installed
 	$(PY) -m lightning_triage demo
 
 lint: $(VENV)/.dev-installed
-	$(PY) -m ruff check src tests docs benchmarks
+	$(PY) -m ruff check src tests docs benchmarks examples
 	$(PY) -m mypy
 
 unit: $(VENV)/.dev-installed
