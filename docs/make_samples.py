@@ -1,7 +1,8 @@
 """Regenerate the console samples shown in the README and the docs from real demo runs.
 
 Run: ``PYTHONPATH=src python docs/make_samples.py`` (needs the ``demo`` extra; seconds) after a
-change to what a demo scenario reports, or to the console summary. ``--check`` writes nothing and exits 1 when a sample is stale.
+change to what a demo scenario reports, or to the console summary. ``--check`` writes nothing
+and exits 1 when a sample is stale.
 
 A sample is the region of a Markdown page between ``<!-- begin sample: SCENARIO WIDTH -->`` and
 ``<!-- end sample -->``: the console summary of the demo scenario ``SCENARIO`` (run as

@@ -4,8 +4,8 @@ The blocks of one page run in order in a fresh directory (``tmp_path``, where ``
 ``configs/`` of the repository are linked, as from a clone's root): Python blocks in one
 namespace, as in a session, and shell blocks line by line, each line required to exit 0:
 ``lightning-triage ...`` and ``python ...`` lines in this process (the same entry points, without
-a new interpreter's seconds of imports), any other line under ``bash``. Markers in the Markdown source, on the line before a
-block:
+a new interpreter's seconds of imports), any other line under ``bash``. Markers in the Markdown
+source, on the line before a block:
 
 - ``<!-- skip: REASON -->``: not run (installs packages, trains every demo scenario, ...);
 - ``<!-- file: NAME -->``: a script, written to ``NAME`` for a later block to run;

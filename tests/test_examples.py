@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("sklearn")
 pytest.importorskip("jsonargparse")
 
+from examples import train, train_cli
 from lightning.pytorch.callbacks import EarlyStopping, ModelSummary
 
-from examples import train, train_cli
 from lightning_triage import Triage
 
 ROOT = Path(__file__).resolve().parents[1]
