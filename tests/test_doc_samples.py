@@ -70,3 +70,18 @@ def test_healthy_section_names_the_routine_findings(reports: dict[str, dict[str,
     assert infos == _codes(prose), "the prose under the healthy sample names its info codes"
     skipped = [c["check"] for c in healthy["checks"] if c["status"] == "skipped"]
     assert skipped == ["PaddingProbe"] and "padding probe" in prose
+
+
+def test_configuration_reference_text_is_clean() -> None:
+    """docs/make_config_reference.py: whole summaries, `...` in types, no backslash in code."""
+    spec = importlib.util.spec_from_file_location("make_config_reference",
+                                                  ROOT / "docs" / "make_config_reference.py")
+    assert spec is not None and spec.loader is not None
+    make_config = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_config)
+    text = make_config.tables()
+    summaries = re.findall(r"^### `\w+`\n\n(.+)$", text, flags=re.MULTILINE)
+    assert summaries and all(s.endswith(".") for s in summaries), summaries
+    assert "Ellipsis" not in text and "tuple[int, ...]" in text
+    assert not [span for span in re.findall(r"`[^`]*`", text) if "\\" in span]
+    assert make_config._markdown("max ``|x|``, a|b") == "max `|x|`, a\\|b"
