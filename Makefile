@@ -39,7 +39,7 @@ docs: $(VENV)/.dev-installed
 
 test: lint docs unit
 
-# the long real-trajectory tests on more seeds (left out of `make test`, see pyproject's addopts)
+# the real-trajectory tests on more seeds alone (`make test` runs them too)
 test-slow: $(VENV)/.dev-installed
 	$(PY) -m pytest -q -m slow
 

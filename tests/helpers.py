@@ -26,9 +26,10 @@ def make_trainer(tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> pl.Trai
 
 
 def seeds(n: int = 3) -> list[Any]:
-    """Seeds for a test on a free-running training trajectory: seed 0 in every run, seeds
-    1..n-1 in the slow lane (``make test-slow``). Its asserts hold with margins measured on all
-    of them, under ``ATEN_CPU_CAPABILITY=default``, ``avx2`` and the native kernels."""
+    """Seeds for a test on a free-running training trajectory: seed 0, and seeds 1..n-1 marked
+    ``slow`` (run by default; ``-m 'not slow'`` leaves them out). Its asserts hold with margins
+    measured on all of them, under ``ATEN_CPU_CAPABILITY=default``, ``avx2`` and the native
+    kernels."""
     return [0, *(pytest.param(s, marks=pytest.mark.slow, id=str(s)) for s in range(1, n))]
 
 
