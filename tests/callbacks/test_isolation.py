@@ -154,9 +154,7 @@ def test_lightning_demo_lstm_trains_as_without_and_its_explosion_is_reported(
     assert with_triage.hidden is None and without.hidden is None  # reset by the demo per epoch
     problems = _problems(triage)
     assert "structure.target_leak" not in problems and "structure.causal_leak" not in problems
-    explosion = {"curve.diverging", "grad.exploding", "numerics.nonfinite_loss",
-                 "numerics.nonfinite_forward", "numerics.nonfinite_backward"}
-    assert explosion & set(problems), problems
+    assert "curve.diverging" in problems, problems  # seeds 0-2: with overfit.failed, grad.*
 
 
 class StatefulGRU(pl.LightningModule):
