@@ -10,14 +10,12 @@ Run from the repository root::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from lightning.pytorch.cli import LightningCLI
 
 from examples.digits import DigitsClassifier, DigitsDataModule
 
 
-def main(args: Sequence[str] | None = None) -> LightningCLI:
+def main(args: list[str] | None = None) -> LightningCLI:
     """Run LightningCLI on ``args`` (default: the command line)."""
     return LightningCLI(DigitsClassifier, DigitsDataModule, args=args, save_config_callback=None)
 
