@@ -39,7 +39,8 @@ read: `functional.data.rules`, `functional.structure_rules`, `functional.overfit
 REPORT_EXTRA = ["lightning_triage.findings.sort_findings", "lightning_triage.findings.start_here",
                 "lightning_triage.report.REPORT_SCHEMA", "lightning_triage.report.build_report",
                 "lightning_triage.report.write_report", "lightning_triage.report.print_report",
-                "lightning_triage.report.render_markdown"]
+                "lightning_triage.report.render_markdown", "lightning_triage.report.load_report",
+                "lightning_triage.report.validate_report"]
 
 
 def entry(path: str) -> str:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import lightning_triage
+from lightning_triage.callbacks import CHECKS
 
 BEGIN, END = "<!-- config:begin -->", "<!-- config:end -->"
-CLASSES = ("Triage", "TriageReport", "BatchInspector", "InitialLossCheck", "GradientWiringCheck",
-           "OverfitBatchCheck", "StructureProbe", "PaddingProbe", "EvalModeCheck",
-           "LossCurveMonitor", "GradientMonitor", "NonFiniteTracer", "WorstErrors")
+#: The bundle, the report, then every check in protocol order (``callbacks.CHECKS``).
+CLASSES = ("Triage", "TriageReport", *(cls.__name__ for cls in CHECKS))
 
 
 def type_name(hint: Any) -> str:

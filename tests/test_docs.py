@@ -16,19 +16,11 @@ from lightning.pytorch.callbacks import Callback
 
 import lightning_triage
 import lightning_triage.functional as functional
-from lightning_triage.findings import CODES
+from lightning_triage.callbacks import CHECKS, TriageCallback, code_owners
+from lightning_triage.findings import CODES, STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-
-# where each stage's codes are explained (thresholds, what to do)
-STAGE_PAGES = {
-    "data": ["data.md"], "init": ["init.md"], "wiring": ["wiring.md"], "overfit": ["overfit.md"],
-    "structure": ["structure.md"], "mode": ["mode.md"], "curve": ["curves.md", "long_run.md"],
-    "grad": ["curves.md", "long_run.md"], "numerics": ["numerics.md"], "triage": ["findings.md"],
-    "run": ["report.md"],
-}
-
 
 def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
@@ -41,22 +33,27 @@ def _load(name: str) -> ModuleType:
 def test_every_finding_code_is_documented() -> None:
     text = (DOCS / "findings.md").read_text()
     missing = [code for code in CODES if f"`{code}`" not in text]
-    assert not missing, f"run `python docs/make_findings_table.py`; missing: {missing}"
+    assert not missing, f"run `python docs/make_code_tables.py`; missing: {missing}"
 
 
-def test_findings_table_is_up_to_date() -> None:
-    text = (DOCS / "findings.md").read_text()
-    assert _load("make_findings_table").table() in text, "run `python docs/make_findings_table.py`"
+def test_generated_code_tables_are_up_to_date() -> None:
+    make = _load("make_code_tables")
+    stale = [str(p.relative_to(ROOT)) for p in make.stale()]
+    assert not stale, f"run `python docs/make_code_tables.py`; stale: {stale}"
+    blocks = "".join(p.read_text() for p in make.pages())
+    for name in ("stages", "stages:linked", "codes", "code-list", "codes:data", "codes:numerics"):
+        assert f"<!-- generated: {name} -->" in blocks, f"no generated block {name!r} left in the docs"
 
 
 def test_every_finding_code_is_explained_on_its_stage_page() -> None:
+    stage_pages = _load("make_code_tables").STAGE_PAGES
     missing = []
     for code in CODES:
         stage = code.split(".")[0]
-        assert stage in STAGE_PAGES, f"new stage {stage!r}: add its page to STAGE_PAGES and mkdocs.yml"
-        text = "".join((DOCS / page).read_text() for page in STAGE_PAGES[stage])
+        assert stage in stage_pages, f"new stage {stage!r}: add its page to STAGE_PAGES and mkdocs.yml"
+        text = "".join((DOCS / page).read_text() for page in stage_pages[stage])
         if f"`{code}`" not in text:
-            missing.append((code, STAGE_PAGES[stage]))
+            missing.append((code, stage_pages[stage]))
     assert not missing, f"codes without an entry on their stage page: {missing}"
 
 
@@ -109,13 +106,10 @@ def test_configuration_reference_matches_the_signatures() -> None:
                         if inspect.isclass(getattr(lightning_triage, n))
                         and issubclass(getattr(lightning_triage, n), Callback)
                         and n != "TriageCallback"}
-    assert public_callbacks == set(make.CLASSES), "add the callback to CLASSES in make_config_reference.py"
+    assert public_callbacks == set(make.CLASSES), "export the callback and add it to callbacks.CHECKS"
 
 
-@pytest.mark.parametrize("name", [
-    "Triage", "TriageReport", "BatchInspector", "InitialLossCheck", "GradientWiringCheck",
-    "OverfitBatchCheck", "StructureProbe", "EvalModeCheck", "LossCurveMonitor", "GradientMonitor",
-    "NonFiniteTracer"])
+@pytest.mark.parametrize("name", ["Triage", "TriageReport", *(c.__name__ for c in CHECKS)])
 def test_every_argument_is_typed_and_documented(name: str) -> None:
     cls = getattr(lightning_triage, name)
     rows = _load("make_config_reference").rows(cls)
@@ -190,3 +184,54 @@ def test_sample_html_report_is_a_self_contained_triage_report() -> None:
     assert "http://" not in text and "https://" not in text
     assert 'src="../samples/report_lr50.html"' in (DOCS / "report_sample.md").read_text()
 
+
+
+def _package_checks(cls: type = TriageCallback) -> list[type]:
+    """Every public TriageCallback subclass the package defines (private bases left out)."""
+    out = []
+    for sub in cls.__subclasses__():
+        parts = sub.__module__.split(".")
+        if parts[:2] == ["lightning_triage", "callbacks"] and not parts[-1].startswith("_"):
+            out.append(sub)
+        out += _package_checks(sub)
+    return out
+
+
+def test_checks_is_the_list_of_every_check_in_protocol_order() -> None:
+    defined = {c.__name__ for c in _package_checks()} - {"Triage"}
+    assert defined == {c.__name__ for c in CHECKS}, "add the check to callbacks.CHECKS"
+    for cls in CHECKS:
+        assert "stage" in vars(cls) and "codes" in vars(cls), f"{cls.__name__}: declare stage and codes"
+        assert cls.stage in STAGES, f"{cls.__name__}.stage = {cls.stage!r}"
+    stages = [STAGES.index(cls.stage) for cls in CHECKS]
+    assert stages == sorted(stages), "callbacks.CHECKS is in protocol order"
+
+
+def test_every_code_is_declared_by_exactly_one_check() -> None:
+    owners = code_owners()
+    unregistered = sorted(set(owners) - set(CODES))
+    assert not unregistered, f"declared codes missing from findings._SPECS: {unregistered}"
+    undeclared = sorted(set(CODES) - set(owners))
+    assert not undeclared, f"registered codes no check declares in its `codes`: {undeclared}"
+    shared = {code: names for code, names in owners.items() if len(names) > 1}
+    assert not shared, f"codes declared by more than one class (use `shared_codes`): {shared}"
+    for cls in CHECKS:
+        wrong = [c for c in cls.codes if c.split(".")[0] != cls.stage]
+        assert not wrong, f"{cls.__name__} declares codes of another stage: {wrong}"
+        assert set(cls.shared_codes) <= set(owners), f"{cls.__name__}: unknown shared codes"
+
+
+def test_gallery_holds_every_code_once_without_wall_times() -> None:
+    """Each registered code has an entry in docs/gallery.md or is on its list of codes without
+    a recorded example (`python docs/make_gallery.py --only CODE` puts a new code on one)."""
+    make = _load("make_gallery")
+    text = (DOCS / "gallery.md").read_text()
+    entries = make.read_entries(text)
+    _, _, rest = text.partition(make.MISSING_HEADING)
+    without = re.findall(r"^- `([\w.]+)`$", rest, flags=re.MULTILINE)
+    assert not set(entries) & set(without), "a code with an entry is listed as without one"
+    missing = sorted(set(CODES) - set(entries) - set(without))
+    assert not missing, f"run `python docs/make_gallery.py --only CODE` for {missing}"
+    assert set(entries) | set(without) <= set(CODES), "the gallery shows unregistered codes"
+    assert not make._WALL_TIME.search(text), "wall times churn the gallery: strip them"
+    assert make.read_entries(make.page(entries)) == entries  # --only keeps the other entries as they are

@@ -3,12 +3,12 @@ plots with matplotlib and degrades to tables without it."""
 
 from __future__ import annotations
 
-import html
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from markupsafe import escape
 
 from lightning_triage.html import render_html
 from lightning_triage.report import write_report
@@ -32,8 +32,8 @@ def test_html_is_self_contained_and_holds_every_finding() -> None:
     assert "<script" not in page.lower()
     for f in report["findings"]:
         assert f["code"] in page
-        assert html.escape(f["title"]) in page
-        assert html.escape(f["message"]).split("`")[0] in page
+        assert escape(f["title"]) in page
+        assert escape(f["message"]).split("`")[0] in page
     assert "Start here: <span class=\"code\">data.unnormalized_input</span>" in page
     # the checklist lists the protocol in order
     positions = [page.index(f"<b>{stage}</b>") for stage in
@@ -88,3 +88,34 @@ def test_html_escapes_user_text() -> None:
     report["run"]["model"] = "<script>alert(1)</script>"
     page = render_html(report, plots=False)
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_checklist_rows_place_every_check_by_its_declared_stage() -> None:
+    """The stage rows read each check entry's `stage` (declared on the class, callbacks.CHECKS),
+    so every check's detail is in its stage's row, PaddingProbe and WorstErrors included, with
+    the stage's one question."""
+    from lightning_triage.callbacks import CHECKS
+    from lightning_triage.findings import STAGE_QUESTIONS, STAGES
+    from lightning_triage.report import build_report
+
+    checks = [{"check": cls.__name__, "stage": cls.stage, "status": "passed",
+               "detail": f"detail-of-{cls.__name__}"} for cls in CHECKS]
+    page = render_html(build_report([], status="completed", run={}, checks=checks))
+    rows = page.split("<b>")
+    for cls in CHECKS:
+        row = next(r for r in rows if r.startswith(f"{cls.stage}</b>"))
+        assert f"detail-of-{cls.__name__}" in row, cls.__name__
+    for stage in STAGES:
+        assert str(escape(STAGE_QUESTIONS[stage])) in page
+
+
+def test_a_check_entry_without_a_stage_takes_the_stage_of_its_findings() -> None:
+    """Reports written before check entries carried their stage still place their checks."""
+    from lightning_triage.report import build_report
+
+    report = build_report([], status="completed", run={},
+                          checks=[{"check": "MyCheck", "status": "passed", "detail": "detail-of-mine"}])
+    report["findings"] = [{"code": "grad.spike", "severity": "info", "title": "t", "message": "m",
+                           "hint": "h", "check": "MyCheck", "evidence": {}, "explained_by": []}]
+    grad_row = next(r for r in render_html(report, plots=False).split("<b>") if r.startswith("grad</b>"))
+    assert "passed" in grad_row

@@ -1,27 +1,18 @@
 """lightning-triage: PyTorch Lightning callbacks that debug training runs while they train.
 
+The callbacks (they need Lightning and torch) load on first use, so the command line and the
+report helpers (:mod:`lightning_triage.report`, :mod:`lightning_triage.testing`) start fast.
+
 Example:
     >>> from lightning.pytorch import Trainer
     >>> from lightning_triage import Triage
     >>> trainer = Trainer(callbacks=[Triage()])"""
 
-from lightning_triage.callbacks import (
-    BatchInspector,
-    EvalModeCheck,
-    GradientMonitor,
-    GradientWiringCheck,
-    InitialLossCheck,
-    LossCurveMonitor,
-    NonFiniteTracer,
-    OverfitBatchCheck,
-    PaddingProbe,
-    StructureProbe,
-    Triage,
-    TriageCallback,
-    TriageReport,
-    WorstErrors,
-)
-from lightning_triage.errors import TriageConfigError
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lightning_triage.errors import TriageConfigError, TriageReportError
 from lightning_triage.findings import (
     CODES,
     STAGES,
@@ -29,12 +20,59 @@ from lightning_triage.findings import (
 )
 from lightning_triage.report import TriageGateError
 
+if TYPE_CHECKING:
+    from lightning_triage.callbacks import (
+        AutocastCheck,
+        BatchInspector,
+        DataLoaderCheck,
+        EvalContractCheck,
+        EvalModeCheck,
+        GradientMonitor,
+        GradientWiringCheck,
+        InitialLossCheck,
+        LossCurveMonitor,
+        NonFiniteTracer,
+        OverfitBatchCheck,
+        PaddingProbe,
+        StructureProbe,
+        Triage,
+        TriageCallback,
+        TriageReport,
+        WorstErrors,
+    )
+
 __version__ = "0.1.0.dev0"
+
+#: The names that live in :mod:`lightning_triage.callbacks` (imported on first access: PEP 562).
+_CALLBACKS = frozenset({
+    "AutocastCheck", "BatchInspector", "DataLoaderCheck", "EvalContractCheck",
+    "EvalModeCheck", "GradientMonitor", "GradientWiringCheck",
+    "InitialLossCheck", "LossCurveMonitor", "NonFiniteTracer", "OverfitBatchCheck",
+    "PaddingProbe", "StructureProbe", "Triage", "TriageCallback", "TriageReport", "WorstErrors",
+})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CALLBACKS:
+        from lightning_triage import callbacks
+
+        value = getattr(callbacks, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lightning_triage' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _CALLBACKS)
+
 
 __all__ = [
     "CODES",
     "STAGES",
+    "AutocastCheck",
     "BatchInspector",
+    "DataLoaderCheck",
+    "EvalContractCheck",
     "EvalModeCheck",
     "Finding",
     "GradientMonitor",
@@ -50,6 +88,7 @@ __all__ = [
     "TriageConfigError",
     "TriageGateError",
     "TriageReport",
+    "TriageReportError",
     "WorstErrors",
     "__version__",
 ]

@@ -9,7 +9,9 @@
 
 Exit codes: 0 clean; 1 the report (for ``diff``: B, the newer run; for ``demo``: a scenario
 not caught) holds findings at or above ``--fail-on`` (default ``error``; ``none``: never 1);
-2 usage error (bad arguments, no report there, not a lightning-triage report).
+2 the command could not do its work: bad arguments, no report there, a file that is not a valid
+lightning-triage report (one line on stderr says what is wrong), an output that cannot be
+written. ``show``, ``html`` and ``diff`` import neither torch nor Lightning.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import logging
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 FAIL_CHOICES = ("error", "warning", "info", "none")
 
@@ -74,15 +76,20 @@ def _exit(report: Mapping[str, Any], fail_on: str) -> int:
     return 1 if problems_at(report, fail_on) else 0  # type: ignore[arg-type]
 
 
+def _fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    from lightning_triage.schema import one_line
+
+    parser.exit(2, f"lightning-triage: error: {one_line(message)}\n")
+
+
 def _load(source: str, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], Path]:
     from lightning_triage.report import find_report, load_report
 
     try:
         path = find_report(source)
         return load_report(path), path
-    except (FileNotFoundError, ValueError, OSError) as exc:
-        parser.exit(2, f"lightning-triage: error: {exc}\n")
-    raise AssertionError  # pragma: no cover
+    except (ValueError, OSError) as exc:  # TriageReportError is a ValueError
+        _fail(parser, str(exc))
 
 
 def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -95,16 +102,30 @@ def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return _exit(report, args.fail_on)
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and a.samefile(b))
+    except OSError:
+        return False
+
+
 def _html(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from lightning_triage.html import render_html
     from lightning_triage.report import HTML_NAME
+    from lightning_triage.report_files import write_file
+    from lightning_triage.schema import one_line
 
     report, path = _load(args.source, parser)
     out = Path(args.output) if args.output else path.with_name(HTML_NAME)
+    if _same_file(path, out):
+        _fail(parser, f"refusing to write the HTML over its input {path}: pass another -o")
+    replaced = ("the symlink" if out.is_symlink() else "the file" if out.exists() else None)
     try:
-        out.write_text(render_html(report, plots=not args.no_plots), encoding="utf-8")
+        write_file(out, render_html(report, plots=not args.no_plots))
     except OSError as exc:
-        parser.exit(2, f"lightning-triage: error: cannot write {out}: {exc}\n")
+        _fail(parser, f"cannot write {out}: {exc}")
+    if replaced:  # a symlink is replaced by the page; the file it pointed to is untouched
+        print(f"lightning-triage: replaced {replaced} {one_line(str(out))}", file=sys.stderr)
     print(out)
     return _exit(report, args.fail_on)
 
@@ -113,21 +134,24 @@ def _diff(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from rich.console import Console
     from rich.text import Text
 
+    from lightning_triage.report import plain
+
     a, pa = _load(args.a, parser)
     b, pb = _load(args.b, parser)
     d = diff_reports(a, b)
     console = Console()
-    console.print(Text(f"A: {pa}\nB: {pb}"))
+    console.print(Text(f"A: {plain(pa, 400)}\nB: {plain(pb, 400)}"))
     console.print(Text("settings changed:", style="bold") if d["settings"] else
                   Text("settings: no change", style="bold"))
     for key, (old, new) in d["settings"].items():
-        console.print(Text(f"  {key}: {old!r} -> {new!r}"))
+        console.print(Text(f"  {plain(key)}: {plain(repr(old))} -> {plain(repr(new))}"))
     sa, sb = d["start_here"]
     console.print(Text.assemble(("start here: ", "bold"), f"{sa or '-'} -> {sb or '-'}"))
     for label, codes, style in (("new", d["new"], "red"), ("gone", d["gone"], "green"),
                                 ("kept", d["kept"], "")):
         if codes:
-            console.print(Text.assemble((f"  {label}: ", style or "bold"), ", ".join(codes)))
+            console.print(Text.assemble((f"  {label}: ", style or "bold"),
+                                        plain(", ".join(codes), 4000)))
     if not (d["new"] or d["gone"] or d["kept"]):
         console.print(Text("  no findings in either run"))
     return _exit(b, args.fail_on)
@@ -176,12 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "show":
-        return _show(args, parser)
-    if args.command == "html":
-        return _html(args, parser)
-    if args.command == "diff":
-        return _diff(args, parser)
+    commands = {"show": _show, "html": _html, "diff": _diff}
+    if args.command in commands:
+        try:
+            return commands[args.command](args, parser)
+        except (ValueError, OSError, RecursionError, KeyError, TypeError) as exc:
+            # a report the validator let through but a command could not use: still one line
+            _fail(parser, f"cannot use the report: {type(exc).__name__}: {exc}")
     if args.command == "demo":
         logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
         from lightning_triage.demo import run_demo

@@ -36,3 +36,25 @@ class TriageConfigError(ValueError):
 
 def _rebuild(message: str, argument: str, value: Any) -> TriageConfigError:
     return TriageConfigError(message, argument=argument, value=value)
+
+
+class TriageReportError(ValueError):
+    """A saved report cannot be used: not JSON, not a lightning-triage report, or not valid
+    against the schema ``lightning-triage/report/1``
+    (:data:`~lightning_triage.report.REPORT_SCHEMA`).
+
+    Raised by :func:`~lightning_triage.report.load_report` and
+    :func:`~lightning_triage.report.validate_report`, hence by every command of the command line
+    (which prints the message on one line and exits with code 2) and by
+    :func:`~lightning_triage.testing.assert_no_findings`. The message is one line: the file,
+    where in the report (a JSON path such as ``findings[0].severity``) and what is wrong.
+    A :class:`ValueError`, so code catching that keeps working.
+
+    Example:
+        >>> from lightning_triage.report import validate_report
+        >>> try:
+        ...     validate_report({"schema": "lightning-triage/report/1"})
+        ... except TriageReportError as err:
+        ...     print(err)
+        not a valid lightning-triage report: (top level): missing key 'status'
+    """

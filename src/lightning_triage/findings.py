@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
@@ -37,6 +37,20 @@ STAGES: tuple[str, ...] = (
     "grad",
     "numerics",
 )
+#: The question each protocol stage answers: the one wording the console, the Markdown and HTML
+#: reports and the docs use.
+STAGE_QUESTIONS: dict[str, str] = {
+    "data": "Is the batch the model sees sane?",
+    "init": "Is the loss at step 0 near chance level?",
+    "wiring": "Does every trainable parameter receive a gradient?",
+    "overfit": "Can the model memorize one small batch?",
+    "structure": "Do outputs mix examples, see the targets, future positions or the padding, or "
+                 "broadcast silently?",
+    "mode": "Are the train/eval modes right during validation?",
+    "curve": "What does the loss curve's shape say about the learning rate?",
+    "grad": "Are gradient norms exploding, vanishing, spiking?",
+    "numerics": "Where does the first NaN/Inf appear; is it precision?",
+}
 #: Findings about lightning-triage itself (a check that failed internally). Sorted after the
 #: protocol and never chosen as ``start_here``.
 META_STAGE = "triage"
@@ -47,7 +61,9 @@ RUN_STAGE = "run"
 
 @dataclass(frozen=True)
 class CodeSpec:
-    """What the registry knows of a finding code: its stage, default severity, title and hint."""
+    """What the registry knows of a finding code: its stage, default severity, title, hint and
+    when it fires. The registry is the one source of a code: the docs' code tables are generated
+    from it (``docs/make_code_tables.py``)."""
 
     code: str
     severity: Severity
@@ -68,181 +84,338 @@ def _spec(code: str, severity: Severity, title: str, hint: str, *, when: str = "
 _SPECS: tuple[CodeSpec, ...] = (
     # 1. data
     _spec("data.nonfinite_input", "error", "Inputs hold NaN/Inf",
-          "Find the example indices in the evidence and trace them back through the dataset and "
-          "its transforms (a division by zero in normalization, a corrupt file, a missing value)."),
+          "The model's inputs must be finite: find the example indices in the evidence and trace "
+          "them back through the dataset and its transforms (a division by zero in normalization, a "
+          "corrupt file, a missing value).",
+          when="An input tensor of an inspected batch (or of the batch of a non-finite step) holds NaN/Inf "
+               "(other tensors than the main input and the targets: NaN only, an attention mask holds "
+               "`-inf` on purpose)."),
     _spec("data.nonfinite_target", "error", "Targets hold NaN/Inf",
-          "Check how targets are read and encoded: missing values, a log of zero, a bad join."),
+          "Check how targets are read and encoded: missing values, a log of zero, a bad join.",
+          when="The targets of an inspected batch (or of the batch of a non-finite step) hold NaN/Inf."),
     _spec("data.unnormalized_input", "warning", "Inputs are far from standardized",
           "Standardize float inputs (subtract the mean, divide by the std of the training set) or "
           "scale pixels to [0, 1] (`x / 255`; `x / 16` for 0-16 digits); raw 0-255 or 0-16 values make "
-          "early layers saturate."),
+          "early layers saturate.",
+          when="The main float input of a training batch has a root mean square above `max_rms` (4.0), or "
+               "every value below 0.1 in magnitude with rms < 0.01; integer inputs (token ids) are never "
+               "reported."),
     _spec("data.constant_input", "warning", "An input tensor is the same for every example",
           "The model cannot learn from an input that never changes: check the dataset indexing, "
-          "the collate function and transforms that may overwrite the input."),
+          "the collate function and transforms that may overwrite the input.",
+          when="The main input is identical for every example of a batch of 2+ examples (a constant "
+               "feature, such as a black border pixel, is normal and not reported)."),
     _spec("data.target_out_of_range", "error", "Class targets are outside [0, num_classes)",
-          "Check the label encoding (labels 1..C instead of 0..C-1?) and the model's class count."),
+          "Check the label encoding (labels 1..C instead of 0..C-1?) and the model's class count.",
+          when="Integer class targets lie outside `[0, C)` (other than `ignore_index`), `C` being "
+               "`num_classes` or the class dimension of the model's output on the first batch."),
     _spec("data.class_imbalance", "warning", "One class dominates the targets",
-          "Check the sampler and the labels; if the imbalance is real, use class weights or a "
-          "balanced sampler and judge the loss against the prior, not uniform chance."),
+          "Batches of a single class: shuffle the training loader (`shuffle=True` or a shuffling "
+          "sampler). One class dominating: check the sampler and the labels; if the imbalance is real, "
+          "use class weights or a balanced sampler and judge the loss against the class prior, not "
+          "uniform chance.",
+          when="Over 64+ integer training targets, one class holds 50% of them (90% with 2 classes), or "
+               "half of the batches hold a single class where a shuffled loader would rarely give one."),
     _spec("data.repeated_batch", "warning", "The loader yields the same batch again",
-          "Check the sampler and the dataset's `__getitem__` (a fixed index, a cached batch)."),
+          "Check the sampler and the dataset's `__getitem__` (a fixed index, a cached batch).",
+          when="A training batch is identical, example for example, to an earlier batch of the same epoch "
+               "(batches that recur across epochs are normal)."),
     _spec("data.duplicate_samples", "warning", "A batch holds many identical examples",
           "Check the dataset indexing and the collate function (an example repeated, a "
-          "broadcast instead of a stack)."),
+          "broadcast instead of a stack).",
+          when="At least `duplicate_fraction` (50%) of the examples of a batch of 8+ examples repeat "
+               "another example of the batch."),
     _spec("data.train_val_overlap", "warning", "Training examples reappear in validation",
           "Split the dataset before any augmentation and make sure the validation indices are "
-          "disjoint from the training indices."),
+          "disjoint from the training indices.",
+          when="At least 5 validation examples, and 1% of the distinct validation examples seen, equal a "
+               "training example seen (by fingerprint)."),
     _spec("data.train_val_shift", "warning", "Train and validation inputs differ in statistics",
-          "Apply the same preprocessing (normalization, resizing, tokenization) to both splits."),
+          "Apply the same preprocessing (normalization, scaling, resizing, tokenization) to both "
+          "splits.",
+          when="Per-feature statistics of the main float input differ between training and validation "
+               "batches: median standardized mean difference above 0.5, or median std ratio above 2."),
     _spec("data.label_misalignment", "warning", "Targets look unrelated to the inputs",
           "Check that inputs and labels are indexed together (shuffled separately? sorted "
-          "differently? an off-by-one join?)."),
+          "differently? an off-by-one join?). A genuinely near-unpredictable task looks the same: "
+          "then ignore this.",
+          when="Neither a 1-nearest-neighbour nor a nearest-centroid probe on up to 1024 training examples "
+               "beats 100 label permutations by 3.5 standard deviations."),
     _spec("data.tiny_input_scale", "warning", "Inputs are far below unit scale",
           "The float inputs are orders of magnitude smaller than standardized values (pixels "
           "divided by their range twice?): check the normalization; standardize with the "
           "training set's mean and std. If the small scale is the data's own, rescaling still "
-          "helps the default initializations and learning rates."),
+          "helps the default initializations and learning rates.",
+          when="The main float input is non-negative, holds 64+ values per example and stays below 0.1 "
+               "with rms below 0.05 (intensities scaled down twice); signed signals and few-feature "
+               "tabular data stay silent."),
+    _spec("data.short_batches", "warning", "The loader delivers fewer examples than its batch size",
+          "Check the `collate_fn` and any processor after the sampler (a transform of whole "
+          "batches, `on_after_batch_transfer`) for code that drops, filters or merges examples. "
+          "If dropping is deliberate (corrupt samples filtered out), filter in the dataset "
+          "instead, or keep in mind that the effective batch size (and the gradient noise) "
+          "differs from the configured one.",
+          when="Training batches that are not the loader's last hold fewer examples than its "
+               "`batch_size` (info when only some of the first batches do)."),
+    _spec("data.shared_worker_rng", "warning", "DataLoader workers share one random generator",
+          "Give each worker its own generator: create or reseed it in the worker, from "
+          "`torch.utils.data.get_worker_info().seed` (in `__getitem__`/`__iter__`, or in a "
+          "`worker_init_fn` that sets `get_worker_info().dataset.<attribute>`), or draw from "
+          "`torch`'s global generator, which PyTorch reseeds in every worker and epoch. "
+          "`seed_everything(workers=True)` reseeds only the global generators, not those your "
+          "objects own.",
+          when="A training loader with `num_workers > 0` whose dataset (or a transform it holds) "
+               "owns a generator object that per-example code reads and nothing reseeds per worker "
+               "(info with a `worker_init_fn` that does not name it)."),
     _spec("data.unknown_batch_structure", "info", "The batch's inputs could not be found",
           "Pass `input_key=` and `target_key=` (a key, an index or a callable) to "
-          "`BatchInspector` (or `Triage`) so the data checks can run."),
+          "`BatchInspector` (or `Triage`) so the data checks can run.",
+          when="The inputs (or targets) could not be found in the batch, so the data checks cannot run."),
     _spec("data.worst_errors", "info", "The validation examples with the highest loss",
           "Look at these examples: a confident prediction of another class often means a wrong "
-          "label; unreadable or ambiguous inputs point at the data pipeline."),
+          "label; unreadable or ambiguous inputs point at the data pipeline.",
+          when="At the end of each validation run (info, not a bug): the validation examples with the "
+               "highest loss, with labels, predictions and confidence."),
     # 2. init
     _spec("init.loss_above_chance", "error", "Step-0 loss is far above chance level",
           "Check the output scale (logits multiplied somewhere? a large init?), the label "
-          "encoding, and a missing or extra softmax before the loss."),
+          "encoding, and a missing or extra softmax before the loss.",
+          when="Classification: the step-0 loss is above `above_ratio` (2) x the chance level and more "
+               "than 0.5 nats above it; regression: above 10x the largest baseline."),
     _spec("init.loss_below_chance", "warning", "Step-0 loss is far below chance level",
           "A fresh model cannot beat chance: check for labels leaking into the inputs, a loss "
           "scaled down (divided by the batch size twice?) or the wrong loss function. Expected "
-          "if the model starts from pretrained weights."),
+          "if the model starts from pretrained weights.",
+          when="Classification: the step-0 loss is below `below_ratio` (0.5) x min(chance, prior entropy); "
+               "regression: below 0.1x the smallest baseline."),
     _spec("init.chance_unknown", "info", "Chance level unknown",
-          "Pass `task=` and `num_classes=` so the step-0 loss can be checked."),
+          "Pass `task=` and `num_classes=` so the step-0 loss can be checked.",
+          when="The task or the class count could not be inferred, so the step-0 loss has nothing to be "
+               "compared with."),
     # 3. wiring
     _spec("wiring.no_grad_params", "error", "Trainable parameters got no gradient",
           "Look for `.detach()`, `torch.no_grad()`, `.item()`/numpy round trips or modules that "
-          "are defined but never called in the forward pass."),
+          "are defined but never called in the forward pass.",
+          when="Trainable parameters whose `.grad` stayed `None` after the first batch's backward(s)."),
     _spec("wiring.zero_grad_params", "warning", "Trainable parameters got exactly zero gradient",
-          "Check for dead activations, a multiplication by zero or a mask that blocks the path."),
+          "Check for dead activations, a multiplication by zero or a mask that blocks the path.",
+          when="Trainable parameters whose gradient after the first batch's backward(s) is exactly zero "
+               "everywhere."),
     _spec("wiring.frozen_params", "info", "Frozen parameters",
-          "Expected when fine-tuning; otherwise look for `requires_grad_(False)` or `freeze()`."),
+          "Expected when fine-tuning; otherwise look for `requires_grad_(False)` or `freeze()`.",
+          when="Parameters with `requires_grad=False`, counted per module (info)."),
     _spec("wiring.loss_detached", "error", "The loss is not connected to any trainable parameter",
           "The loss was computed from detached tensors: look for `.detach()`, `.item()`, "
-          "`torch.no_grad()` or a re-created tensor in `training_step`."),
+          "`torch.no_grad()` or a re-created tensor in `training_step`.",
+          when="The loss has no `grad_fn`, or the first batch's backward(s) reached no trainable "
+               "parameter."),
     _spec("wiring.params_not_in_optimizer", "error", "Parameters get gradients but no optimizer updates them",
           "Pass all trainable parameters to the optimizer in `configure_optimizers` "
-          "(`self.parameters()`, not one submodule's)."),
+          "(`self.parameters()`, not one submodule's).",
+          when="Parameters receive gradients but are in no param group of `trainer.optimizers`."),
     # 4. overfit
     _spec("overfit.failed", "error", "Could not overfit one small batch",
           "A model that cannot memorize 8 examples has a bug: check the wiring findings, frozen "
-          "layers, and a loss bounded away from zero (cross-entropy on probabilities)."),
+          "layers, and a loss bounded away from zero (cross-entropy on probabilities).",
+          when="The probe's loss on one small batch stopped above the target: a plateau, a known floor, a "
+               "non-finite or rising loss, a loss that never moved, or `max_steps` ran out with the loss "
+               "not halved."),
     _spec("overfit.loss_on_probabilities", "error",
           "The loss applies log-softmax to outputs that are already probabilities",
-          "The model's outputs are in [0, 1] and sum to 1 (a softmax in the model) and the "
-          "loss (`F.cross_entropy`) applies its own softmax: the loss is bounded away from zero "
-          "and its gradients are tiny. Return logits from the model, or use "
-          "`F.nll_loss(torch.log(p), y)` on probabilities."),
+          "Cross-entropy gets probabilities (a softmax in the model, or in the loss code "
+          "before `F.cross_entropy`) and applies its own softmax: the loss is bounded away "
+          "from zero and its gradients are tiny. Pass logits to `F.cross_entropy` (remove the "
+          "extra softmax), or use `F.nll_loss(torch.log(p), y)` on probabilities.",
+          when="The step-0 loss equals `F.cross_entropy` of probabilities: the model's outputs (in [0, 1], "
+               "summing to 1), or the softmax of its logits taken in the loss code (a double softmax)."),
     _spec("overfit.passed", "info", "Overfit one small batch",
-          "The model, loss and optimizer can learn; look at data and curves for the rest."),
+          "The model, loss and optimizer can learn; look at data and curves for the rest.",
+          when="The probe's loss reached the target, or settled on a floor above it while every probed "
+               "example is predicted right (never a probability floor) (info)."),
     _spec("overfit.inconclusive", "info", "Overfit probe inconclusive",
           "The loss was still falling when the probe's steps or time ran out: raise "
-          "`overfit_max_steps`/`max_steps` or `overfit_time_budget`/`time_budget` to decide."),
+          "`overfit_max_steps`/`max_steps` or `overfit_time_budget`/`time_budget` to decide.",
+          when="The probe's loss was still falling when its steps or its time ran out (info)."),
     _spec("overfit.skipped", "info", "Overfit probe skipped",
           "The detail says why (manual optimization, time budget, no loss); see the check's "
-          "arguments to enable it."),
+          "arguments to enable it.",
+          when="The probe did not run: manual optimization, a step too slow for the budget, or no loss "
+               "returned (info)."),
     # 5. structure
     _spec("structure.batch_mixing", "error", "Outputs mix examples of the batch",
-          "An operation mixes the batch dimension in eval mode: a softmax/normalization over "
-          "dim 0, a wrong `view`/`reshape`, or a transpose of batch and sequence dimensions."),
+          "An operation mixes the batch dimension in eval mode: a softmax/log_softmax or "
+          "normalization over `dim=0`, a `view`/`reshape` that merges the batch with another "
+          "dimension, or batch and sequence dimensions swapped.",
+          when="In eval mode, an example's output depends on the inputs of other examples of the batch."),
     _spec("structure.causal_leak", "error", "Outputs see future positions",
           "Check the attention masks (upper triangle masked? its orientation? the encoder's too? "
           "cross-attention to an encoder that saw the whole sequence?) and every sublayer that mixes "
-          "positions (convolutions need left padding)."),
+          "positions (convolutions need left padding).",
+          when="An output position depends on later input positions, when the model is declared causal or "
+               "the data is next-token prediction."),
     _spec("structure.shape_mismatch", "error", "Prediction and target shapes broadcast silently",
           "Make prediction and target shapes equal before the loss (`pred.squeeze(-1)` a `(N, 1)` "
-          "prediction for `(N,)` targets, or `target.view_as(pred)`)."),
+          "prediction for `(N,)` targets, or `target.view_as(pred)`).",
+          when="Prediction and target shapes differ but broadcast against each other in the loss (e.g. "
+               "`(N, 1)` against `(N,)`)."),
     _spec("structure.target_leak", "error", "The targets reach the forward pass",
-          "The model's outputs change when only the targets change: feed the decoder the "
-          "targets shifted right, and keep labels out of the features."),
+          "The targets reach the forward pass: feed the decoder the targets shifted right, and "
+          "keep labels out of the features (expected only for label-conditioned models).",
+          when="The model's outputs change when only the targets of the batch change."),
     _spec("structure.padding_leak", "warning", "Outputs at real positions depend on the padding",
           "Pass the padding mask to attention (`key_padding_mask`/`attention_mask`), pool over the "
-          "real positions only (masked mean), and give padded targets `ignore_index`."),
+          "real positions only (masked mean), and give padded targets `ignore_index`.",
+          when="Outputs at real positions change when only the padded positions of the input change."),
     _spec("structure.probe_skipped", "info", "Structure probe skipped",
           "Pass `forward_fn=` (callable(pl_module, batch) -> output; `Triage` takes it too) or "
-          "`input_key=`/`target_key=` to `StructureProbe` so the probe can run the model."),
+          "`input_key=`/`target_key=` to `StructureProbe` so the probe can run the model.",
+          when="A structure or padding probe could not run the model (no forward found, an exception, a "
+               "non-deterministic output) (info)."),
     # 6. mode
     _spec("mode.train_mode_in_eval", "warning", "Dropout/BatchNorm in training mode during validation",
-          "Do not call `.train()` in validation hooks; Lightning puts the model in eval mode."),
+          "In training mode dropout stays active and BatchNorm uses and updates batch statistics, so "
+          "validation results are noisy and the running statistics absorb validation data. Remove the "
+          "`.train()` call from the validation hooks: Lightning puts the model in eval mode itself.",
+          when="A dropout layer with `p > 0`, a BatchNorm layer that tracks running statistics, or an "
+               "`nn.MultiheadAttention` with dropout is in training mode during validation."),
+    _spec("mode.nondeterministic_eval", "warning", "Evaluation is random in eval mode",
+          "Gate the randomness on the mode: `F.dropout(x, p, training=self.training)`, "
+          "`scaled_dot_product_attention(..., dropout_p=self.p if self.training else 0.0)`, "
+          "noise layers only `if self.training`. If evaluation is random on purpose (MC dropout, "
+          "test-time augmentation), pass `stochastic_eval=True`.",
+          when="The same validation examples, run twice in eval mode from two random states, "
+               "give different outputs."),
+    _spec("mode.eval_loss_gap", "warning", "The evaluated model is not the model that trains",
+          "Look for a path only eval mode takes: BatchNorm running statistics never updated "
+          "(`momentum=0`, `track_running_stats` buffers overwritten or frozen), a weight "
+          "reparametrization or cache computed only when `self.training`, a buffer read before "
+          "it is filled.",
+          when="The loss of the same validation examples stays far higher in eval mode than in "
+               "training mode, and the gap does not shrink as training goes on."),
     # 7. curve
     _spec("curve.not_learning", "error", "The loss does not move",
           "The loss stays at its step-0 value: check the learning rate (0?), that the optimizer "
-          "steps, that inputs are not all zero and that gradients reach the parameters."),
+          "steps, that inputs are not all zero and that gradients reach the parameters.",
+          when="Less than 10% progress from the step-0 loss and from the start median, with identical "
+               "validation losses or no significant trend."),
     _spec("curve.lr_too_low", "warning", "Slow, straight decline: learning rate too low",
-          "Raise the learning rate by 10x, or run a learning-rate finder."),
+          "Raise the learning rate by 10x, or run a learning-rate finder.",
+          when="Less than 10% progress with a significant decline (validation lower at every run, or a "
+               "training slope with t < -4)."),
     _spec("curve.lr_too_high", "warning", "Noisy or rising loss: learning rate too high",
-          "Lower the learning rate by 3-10x, add warmup, or clip gradients."),
+          "Lower the learning rate by 3-10x, add warmup, or clip gradients.",
+          when="A block median (1/8 of the window) above 1.2x the step-0 loss, or 1.5x above the best "
+               "earlier block median and by more than 10% of the loss scale."),
     _spec("curve.diverging", "error", "The loss grows without bound",
           "Lower the learning rate (3-10x), add warmup, clip gradients (`gradient_clip_val`), and "
-          "see the numerics and grad findings."),
+          "see the numerics and grad findings.",
+          when="A NaN/Inf loss after growth (a value above 10x the step-0 loss in the 8 steps before), a "
+               "NaN/Inf validation loss, or a running median above 10x the step-0 loss until the end."),
     _spec("curve.plateau_at_chance", "error", "The loss settled at chance level",
           "The model predicts the prior: look for saturated units (unscaled inputs, too high a "
-          "learning rate early on) and dead ReLUs."),
+          "learning rate early on) and dead ReLUs.",
+          when="The loss moved and then settled within 5% of the chance level (or of the prior entropy), "
+               "with no significant downward trend in the second half."),
     _spec("curve.loss_spike", "warning", "Loss spike",
-          "Look at the batch of that step and the gradient norms just before it; clip gradients."),
+          "Look at the batch of that step and the gradient norms just before it; clip gradients.",
+          when="A loss value above its running level by 8 robust standard deviations, 2x the level and at "
+               "least the loss scale, after 16 steps of baseline (at most 5 per window)."),
     _spec("curve.overfitting", "warning", "Training loss falls while validation loss rises",
-          "Add regularization or data, or stop earlier; check train/val distributions."),
-    _spec("curve.healthy", "info", "The loss curve looks healthy", "Nothing to do."),
+          "Add regularization or data, or stop earlier; check train/val distributions.",
+          when="Validation 10% above its best at 2 validation runs in a row while the training loss kept "
+               "falling, the rise above `overfit_z` (2) standard errors; never under `overfit_batches`, "
+               "info when the user's `EarlyStopping`/`ModelCheckpoint` watch that loss."),
+    _spec("curve.healthy", "info", "The loss curve looks healthy", "Nothing to do.",
+          when="None of the curve findings fired in the first-epochs window (info)."),
     _spec("curve.no_validation", "info", "No validation loss: overfitting cannot be seen",
           "Give `fit` a validation dataloader and a `validation_step` that returns or logs the "
-          "loss (`val_loss`)."),
+          "loss (`val_loss`).",
+          when="At the end of training no validation loss was seen in the fit (the reason is in the "
+               "evidence) (info)."),
     _spec("curve.sparse_validation", "info", "Too few validation runs inside the first epochs",
           "Validate more often (`val_check_interval=`, `check_val_every_n_epoch=1`) or widen the "
-          "window (`window_epochs=`, `window_steps=`)."),
+          "window (`window_epochs=`, `window_steps=`).",
+          when="Validation ran less often than once per epoch and fewer than 3 validation losses fell "
+               "inside the first-epochs window, too few for the overfitting rule (info)."),
     # 8. grad
     _spec("grad.exploding", "error", "Gradient norms explode",
           "Lower the learning rate, clip gradients, check the initialization scale and "
-          "normalization layers."),
+          "normalization layers.",
+          when="A non-finite total norm after growth, the median total norm of the window's last fifth "
+               "100x that of its first fifth (1e4x in a run that ended inside a window of 8-19 steps), "
+               "or the first weight layer's median norm 1000x the last one's."),
     _spec("grad.vanishing", "warning", "Gradients vanish in early layers",
-          "Use ReLU-family activations, residual connections, normalization or a better init."),
+          "Use ReLU-family activations, residual connections, normalization or a better init.",
+          when="The first weight layer's median gradient norm is below 1/1000 of the last weight layer's."),
     _spec("grad.spike", "warning", "Gradient-norm spike",
-          "Clip gradients (see the suggested value) and look at the batch of that step."),
+          "Clip gradients (see the suggested value) and look at the batch of that step.",
+          when="The total gradient norm is 10 robust standard deviations and 10x above its running level "
+               "(info unless a loss spike, a divergence or a NaN follows)."),
     _spec("grad.dead_units", "warning", "Dead units or layers with zero gradient",
-          "Check biases and init that push ReLUs below zero; try LeakyReLU or a lower LR."),
+          "Check biases and init that push ReLUs below zero; try LeakyReLU or a lower LR.",
+          when="At least half of the output units of a `Linear`/`Conv` layer never got a non-zero gradient "
+               "in the window, or a parameter's gradient was always 0."),
     _spec("grad.update_ratio", "warning", "Update-to-weight ratio far from ~1e-3",
-          "Far above: lower the learning rate; far below: raise it (per layer in the evidence)."),
+          "Far above: lower the learning rate; far below: raise it (per layer in the evidence).",
+          when="A layer's median ratio of update norm to weight norm (sampled every 10 steps) is below "
+               "1e-5 or above 0.3."),
     # 9. numerics
     _spec("numerics.nonfinite_loss", "error", "The loss became NaN/Inf in the loss computation",
           "Every module output was finite: use stable loss functions (`F.cross_entropy` on "
-          "logits, `log_softmax`) instead of `log(softmax(z))`, and guard divisions."),
+          "logits, `log_softmax`) instead of `log(softmax(z))`, and guard divisions.",
+          when="Replaying the failing step, every module output is finite but the loss is not."),
     _spec("numerics.nonfinite_forward", "error", "A module's output became NaN/Inf",
-          "Look at the named layer: a division by a zero std, a log of zero, an overflowing exp."),
+          "Look at the named layer: a division by a zero std, a log of zero, an overflowing exp.",
+          when="Replaying the failing step, a module's output is the first non-finite value in forward "
+               "order."),
     _spec("numerics.nonfinite_backward", "error", "A gradient became NaN/Inf in backward",
           "Forward was finite: look for `sqrt`, `pow` or `norm` at zero and divisions whose "
-          "derivative blows up; add an epsilon."),
+          "derivative blows up; add an epsilon.",
+          when="Replaying the failing step, forward and loss are finite and a gradient computed in "
+               "backward is the first non-finite value."),
     _spec("numerics.nonfinite_params", "error", "Parameters became NaN/Inf",
-          "An update wrote non-finite values: lower the learning rate, clip gradients."),
+          "An update wrote non-finite values: lower the learning rate, clip gradients.",
+          when="Parameters are non-finite before a step's update (or at the end of training): an earlier "
+               "update wrote them."),
     _spec("numerics.precision_overflow", "error", "Overflow in reduced precision, finite in float32",
-          "Keep the named layer in float32 (autocast disabled), rescale it, or use bf16."),
+          "Keep the named layer in float32 (autocast disabled), rescale it, or use bf16.",
+          when="The failing step is non-finite in the run's reduced precision and finite when replayed in "
+               "float32."),
     _spec("numerics.near_overflow", "warning", "Activations approach the dtype's limit",
-          "Rescale the layer or keep it in float32 before it overflows."),
+          "Rescale the layer or keep it in float32 before it overflows.",
+          when="Sampled under reduced precision (every 100 steps): a float16/bfloat16 module output "
+               "exceeds 25% of its dtype's largest value."),
+    _spec("numerics.autocast_bypassed", "warning", "Mixed precision is not applied to some layers",
+          "The named modules run outside autocast: remove the `torch.autocast(enabled=False)` "
+          "block or the cast back to float32 around them, keep the forward in the thread that "
+          "runs `training_step` (autocast is per thread), or wrap a custom forward in "
+          "`torch.autocast(device_type)`. Keep in float32 only what needs the range.",
+          when="Under `*-mixed` precision, matrix products or convolutions return float32 at the "
+               "first training step (info when they are a small part of the compute)."),
     _spec("numerics.nonfinite_detected", "error", "A NaN/Inf was detected but not localized",
           "Run with `NonFiniteTracer(mode='sync')` (or `Triage(numerics_mode='sync')`) so the "
-          "failing step is replayed and the first module, gradient or loss computation is named."),
+          "failing step is replayed and the first module, gradient or loss computation is named.",
+          when="A NaN/Inf was detected but not localized: deferred mode, manual optimization, or a replay "
+               "that came out finite."),
     # run settings (context)
     _spec("run.unseeded", "info", "No global seed was set",
           "Call `lightning.seed_everything(seed)` (or `seed_everything: <seed>` in LightningCLI) "
-          "so a rerun that changes one setting can be compared with this one."),
+          "so a rerun that changes one setting can be compared with this one.",
+          when="No `seed_everything` call was seen before the fit (info)."),
     # meta
     _spec("triage.check_error", "warning", "A triage check failed internally and was disabled",
           "The training run was not affected. Please report it with the evidence; pass "
-          "`strict=True` to raise instead."),
+          "`strict=True` to raise instead.",
+          when="A check raised internally; it is disabled and the run goes on (`strict=True` raises "
+               "instead)."),
 )
 
 #: Every known finding code, with its stage, default severity, title and hint.
 CODES: dict[str, CodeSpec] = {spec.code: spec for spec in _SPECS}
 
 
-def register_code(code: str, severity: Severity, title: str, hint: str) -> CodeSpec:
+def register_code(code: str, severity: Severity, title: str, hint: str, *,
+                  when: str = "") -> CodeSpec:
     """Register a new finding code (codes are never renamed; new ones may be added).
 
     Raises:
@@ -254,11 +427,24 @@ def register_code(code: str, severity: Severity, title: str, hint: str) -> CodeS
         raise ValueError(f"Finding code {code!r} must be `<stage>.<name>` with stage in {STAGES}.")
     if severity not in SEVERITIES:
         raise ValueError(f"`severity` must be one of {SEVERITIES}, got {severity!r}.")
-    spec = CodeSpec(code, severity, title, hint)
+    spec = CodeSpec(code, severity, title, hint, when)
     if code in CODES and CODES[code] != spec:
         raise ValueError(f"Finding code {code!r} is already registered differently.")
     CODES[code] = spec
     return spec
+
+
+def stage_line(code: str) -> str:
+    """The protocol stage of ``code`` and its question, for the reports ("" outside the protocol).
+
+    Example:
+        >>> stage_line("init.loss_above_chance")
+        'stage 2 of 9, init: Is the loss at step 0 near chance level?'
+    """
+    stage = code.split(".", 1)[0]
+    if stage not in STAGES:
+        return ""
+    return f"stage {STAGES.index(stage) + 1} of {len(STAGES)}, {stage}: {STAGE_QUESTIONS[stage]}"
 
 
 def stage_index(stage: str) -> int:
@@ -399,163 +585,8 @@ def sort_findings(findings: Sequence[Finding]) -> list[Finding]:
     return sorted(findings, key=key)
 
 
-#: A loss or gradient spike this many steps (or fewer) before a non-finite step or a divergence
-#: is the start of that blow-up, not a separate problem.
-SPIKE_WINDOW = 10
-
-# Finding codes that name a cause when they are a problem (error or warning). A cause is never
-# explained by another finding; the symptoms below are explained by the causes present.
-_OVERFIT_CAUSES = frozenset({
-    "data.nonfinite_input", "data.nonfinite_target", "data.unnormalized_input",
-    "data.tiny_input_scale",
-    "data.constant_input", "data.target_out_of_range",
-    "init.loss_above_chance",
-    "wiring.no_grad_params", "wiring.zero_grad_params", "wiring.loss_detached",
-    "wiring.params_not_in_optimizer",
-    "overfit.loss_on_probabilities",
-    "structure.batch_mixing", "structure.shape_mismatch",
-    "curve.lr_too_low", "curve.lr_too_high", "curve.diverging",
-    "grad.vanishing", "grad.update_ratio",
-    "numerics.nonfinite_loss", "numerics.precision_overflow",
-})
-_NOT_LEARNING_CAUSES = frozenset({
-    "data.constant_input", "data.tiny_input_scale", "data.nonfinite_input", "data.nonfinite_target",
-    "wiring.no_grad_params", "wiring.zero_grad_params", "wiring.loss_detached",
-    "wiring.params_not_in_optimizer",
-    "grad.vanishing", "grad.update_ratio",
-    "numerics.nonfinite_loss", "numerics.precision_overflow",
-})
-# Non-finite findings that mark a blow-up at their step (numerics with a layer are added below).
-_BLOW_UPS = frozenset({"curve.diverging", "numerics.nonfinite_loss",
-                       "numerics.precision_overflow"})
-_SPIKES = frozenset({"curve.loss_spike", "grad.exploding", "grad.spike"})
-#: A module that turned inputs below this (largest ``|x|`` of the module outputs before it) into
-#: NaN/Inf overflowed by itself (an ``exp``, a division): the module, not the learning rate, is
-#: the cause of a divergence at that step.
-MODEST_INPUT = 1e4
-
-
-def _overflowed_by_itself(g: Finding) -> bool:
-    """Whether a localized non-finite finding overflowed from modest inputs (see
-    :data:`MODEST_INPUT`), or is a precision overflow (finite in float32)."""
-    if g.code == "numerics.precision_overflow":
-        return True
-    if g.code != "numerics.nonfinite_forward" or g.layer is None:
-        return False
-    frames = g.evidence.get("frames") or []
-    peaks = [float(fr.get("max_abs", 0.0)) for fr in frames if isinstance(fr, Mapping)]
-    return max(peaks, default=0.0) < MODEST_INPUT
-
-
-def _names_cause(f: Finding, causes: frozenset[str]) -> bool:
-    """Whether ``f`` is a problem in ``causes`` (or a ``numerics.*`` finding with a layer)."""
-    if not f.is_problem:
-        return False
-    return f.code in causes or (f.stage == "numerics" and f.layer is not None)
-
-
-def _explainers(f: Finding, findings: Sequence[Finding]) -> list[str]:
-    """The codes of the findings that explain ``f`` (empty: ``f`` is not explained)."""
-    others = [g for g in findings if g is not f and g.code != f.code]
-    if f.code in ("overfit.failed", "overfit.inconclusive"):
-        found = [g for g in others if _names_cause(g, _OVERFIT_CAUSES)]
-    elif f.code == "curve.not_learning":
-        found = [g for g in others if _names_cause(g, _NOT_LEARNING_CAUSES)
-                 and (g.code != "grad.update_ratio" or g.evidence.get("direction") == "below")]
-    elif f.code == "curve.lr_too_low":
-        found = [g for g in others if g.is_problem
-                 and g.code in ("grad.vanishing", "data.tiny_input_scale")]
-    elif f.code == "curve.diverging" and f.global_step is not None:
-        found = [g for g in others if g.is_problem and g.global_step == f.global_step
-                 and _overflowed_by_itself(g)]
-    elif f.code in _SPIKES and f.global_step is not None:
-        found = [g for g in others if _names_cause(g, _BLOW_UPS) and g.global_step is not None
-                 and 0 <= g.global_step - f.global_step <= SPIKE_WINDOW
-                 and g.code not in _SPIKES]
-    else:
-        return []
-    codes: list[str] = []
-    for g in sort_findings(found):
-        if g.code not in codes:
-            codes.append(g.code)
-    return codes
-
-
-def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
-    """Set ``explained_by`` on the symptoms that another finding of the report explains.
-
-    A symptom is a finding whose cause is usually elsewhere; when that cause is in the same
-    report, the symptom carries its codes in ``explained_by``, its message says so, and it
-    never leads the report (see :func:`start_here`). The rules (documented in docs/report.md):
-
-    - ``overfit.failed`` and ``overfit.inconclusive``: explained by the problems that make one
-      batch impossible (or slow) to memorize: non-finite, constant or unscaled inputs, class
-      targets out of range, a step-0 loss far above chance, the ``wiring.*`` problems, a loss
-      fed probabilities, outputs that mix examples or broadcast against the targets, the
-      learning rate (``curve.lr_too_low``, ``curve.lr_too_high``, ``curve.diverging``,
-      ``grad.update_ratio``), ``grad.vanishing`` and the localized numerics findings.
-    - ``curve.not_learning``: explained by a zero update: the ``wiring.*`` problems, constant
-      or non-finite data, ``grad.update_ratio`` far *below* ~1e-3, ``grad.vanishing``, the
-      localized numerics findings.
-    - ``curve.loss_spike``, ``grad.exploding``, ``grad.spike``: explained by a blow-up (a
-      localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
-      same step or at most :data:`SPIKE_WINDOW` steps later.
-    - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
-      whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move
-      the first layer).
-    - ``curve.diverging``: explained, at its non-finite step, by ``numerics.precision_overflow``
-      or by a ``numerics.nonfinite_forward`` whose module overflowed from modest inputs (the
-      outputs before it all below :data:`MODEST_INPUT`): an ``exp`` or a division, not weights
-      grown by the learning rate.
-
-    Every other finding is a cause or context and is never explained. Explanations are one
-    level deep and do not chain; the function is idempotent.
-
-    Example:
-        >>> spike = Finding.create("curve.loss_spike", "spike at step 20", check="T",
-        ...                        global_step=20)
-        >>> nan = Finding.create("numerics.nonfinite_loss", "loss inf", check="T", global_step=23)
-        >>> out = explain_findings([spike, nan])
-        >>> out[0].explained_by, out[1].explained_by
-        (['numerics.nonfinite_loss'], [])
-        >>> out[0].message
-        'spike at step 20 Explained by `numerics.nonfinite_loss`: fix that first.'
-    """
-    out: list[Finding] = []
-    for f in findings:
-        codes = _explainers(f, findings)
-        if codes == list(f.explained_by):
-            out.append(f)
-            continue
-        message = f.message.split(_EXPLAINED_PREFIX, 1)[0].rstrip()
-        if codes:
-            named = ", ".join(f"`{c}`" for c in codes)
-            which = "that" if len(codes) == 1 else "those"
-            message = f"{message}{_EXPLAINED_PREFIX}{named}: fix {which} first."
-        out.append(replace(f, explained_by=codes, message=message))
-    return out
-
-
-_EXPLAINED_PREFIX = " Explained by "
-
-
-def start_here(findings: Sequence[Finding]) -> str | None:
-    """The code of the finding to fix first, or ``None``: cause before symptom, then protocol
-    order.
-
-    The first problem (error or warning) in protocol order that no other finding explains
-    (see :func:`explain_findings`); if every problem is explained (explanations by findings
-    that are not themselves problems cannot happen), the first problem.
-
-    Example:
-        >>> failed = Finding.create("overfit.failed", "could not overfit", check="T", global_step=0)
-        >>> low = Finding.create("curve.lr_too_low", "slow decline", check="T", global_step=90)
-        >>> start_here([failed, low])
-        'curve.lr_too_low'
-    """
-    problems = [f for f in sort_findings(explain_findings(findings))
-                if f.is_problem and f.stage in STAGES]
-    for f in problems:
-        if not f.explained_by:
-            return f.code
-    return problems[0].code if problems else None
+# Cause before symptom lives in its own module (which imports this one): re-exported here.
+from lightning_triage.explain import MODEST_INPUT as MODEST_INPUT  # noqa: E402
+from lightning_triage.explain import SPIKE_WINDOW as SPIKE_WINDOW  # noqa: E402
+from lightning_triage.explain import explain_findings as explain_findings  # noqa: E402
+from lightning_triage.explain import start_here as start_here  # noqa: E402

@@ -1,26 +1,38 @@
 """The triage report: build it, validate it, write it as JSON and Markdown, print it.
 
-Schema ``lightning-triage/report/1`` (see ``docs/design.md``); :data:`REPORT_SCHEMA` is its JSON
-Schema. Pure functions over findings and plain values: no Trainer needed.
+Schema ``lightning-triage/report/1`` (see ``docs/schema.md``); :data:`REPORT_SCHEMA` is its JSON
+Schema, and :func:`load_report` the one way to read a saved report (it validates). Pure
+functions over findings and plain values: no Trainer needed.
+
+Every string of a report is text in every output: the Markdown escapes Markdown and HTML
+syntax, the console shows rich markup as typed and drops control characters (long texts are
+cut there; the files hold them in full).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from lightning_triage.errors import TriageReportError
 from lightning_triage.findings import (
     SEVERITIES,
     Finding,
     explain_findings,
     sort_findings,
+    stage_line,
     start_here,
 )
+from lightning_triage.report_files import other_runs, run_id_marker, write_files
+from lightning_triage.schema import REPORT_SCHEMA as REPORT_SCHEMA
+from lightning_triage.schema import SCHEMA_ID, one_line, validate_report
+from lightning_triage.suspicions import settle_suspicions
 
-SCHEMA_ID = "lightning-triage/report/1"
 ReportStatus = Literal["completed", "interrupted", "crashed"]
 JSON_NAME = "triage_report.json"
 MARKDOWN_NAME = "triage_report.md"
@@ -28,88 +40,18 @@ HTML_NAME = "triage_report.html"
 #: The lowest severity that fails a CI gate (``fail_on``), or ``None`` for never.
 FailOn = Literal["error", "warning", "info"]
 
-_FINDING_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["code", "severity", "title", "message", "hint", "global_step", "epoch", "rank",
-                 "layer", "evidence", "check"],
-    "additionalProperties": False,
-    "properties": {
-        "code": {"type": "string", "pattern": r"^[a-z_]+\.[a-z_0-9]+$"},
-        "severity": {"enum": list(SEVERITIES)},
-        "title": {"type": "string"},
-        "message": {"type": "string"},
-        "hint": {"type": "string"},
-        "global_step": {"type": ["integer", "null"], "minimum": 0},
-        "epoch": {"type": ["integer", "null"], "minimum": 0},
-        "rank": {"type": "integer", "minimum": 0},
-        "layer": {"type": ["string", "null"]},
-        "evidence": {"type": "object"},
-        "check": {"type": "string"},
-        # codes of the findings that explain this one (a symptom); empty for a cause. Optional:
-        # reports written before it was added stay valid.
-        "explained_by": {"type": "array", "items": {"type": "string"}},
-    },
-}
-
-#: JSON Schema of the report (draft 2020-12).
-REPORT_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": SCHEMA_ID,
-    "type": "object",
-    "required": ["schema", "status", "start_here", "run", "findings", "checks", "series"],
-    "properties": {
-        "schema": {"const": SCHEMA_ID},
-        "status": {"enum": ["completed", "interrupted", "crashed"]},
-        "start_here": {"type": ["string", "null"]},
-        "run": {
-            "type": "object",
-            "required": ["lightning", "torch", "precision", "strategy", "world_size",
-                         "global_step", "epochs", "model", "trainable_params"],
-            "properties": {
-                "lightning": {"type": "string"},
-                "torch": {"type": "string"},
-                "precision": {"type": "string"},
-                "strategy": {"type": "string"},
-                "world_size": {"type": "integer", "minimum": 1},
-                "global_step": {"type": "integer", "minimum": 0},
-                "epochs": {"type": "integer", "minimum": 0},
-                "model": {"type": "string"},
-                "trainable_params": {"type": "integer", "minimum": 0},
-            },
-        },
-        "findings": {"type": "array", "items": _FINDING_SCHEMA},
-        "checks": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["check", "status", "detail"],
-                "properties": {
-                    "check": {"type": "string"},
-                    "status": {"enum": ["passed", "failed", "skipped", "error"]},
-                    "detail": {"type": "string"},
-                },
-            },
-        },
-        "details": {
-            "type": "object",
-            "description": "optional, bounded extras for the HTML report (first batch, per-layer "
-                           "gradient norms, step-0 loss and chance level)",
-        },
-        "series": {
-            "type": "object",
-            "additionalProperties": {
-                "type": "array",
-                "items": {"type": "array", "prefixItems": [{"type": "integer"},
-                                                           {"type": ["number", "null"]}],
-                          "minItems": 2, "maxItems": 2},
-            },
-        },
-    },
-}
-
-
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def _agree(check: Mapping[str, str], findings: Sequence[Finding]) -> dict[str, str]:
+    """A check's entry, ``failed`` only while one of its findings is still a problem (a
+    suspicion the run did not confirm is info)."""
+    out = dict(check)
+    if out.get("status") == "failed" and not any(
+            f.is_problem for f in findings if f.check == out.get("check")):
+        out["status"] = "passed"
+    return out
 
 
 def build_report(
@@ -121,9 +63,12 @@ def build_report(
     series: Mapping[str, Sequence[Sequence[float]]] | None = None,
     details: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the report dict: findings sorted by stage then step, each symptom's
-    ``explained_by`` set (:func:`~lightning_triage.findings.explain_findings`), ``start_here``
-    computed (cause before symptom, then protocol order).
+    """Assemble the report dict: each suspicion that the run does not confirm made info
+    (:func:`~lightning_triage.suspicions.settle_suspicions`), findings sorted by stage then
+    step, each symptom's ``explained_by`` set
+    (:func:`~lightning_triage.findings.explain_findings`), ``start_here`` computed (cause
+    before symptom, then protocol order), and a ``failed`` check whose findings all became info
+    reported ``passed``.
 
     ``details`` (optional, JSON-ready, bounded) holds what the HTML report draws beyond the
     series: ``first_batch``, ``grad_layers``, ``initial_loss``, ``chance``.
@@ -135,14 +80,14 @@ def build_report(
         >>> report["start_here"], report["schema"]
         ('init.loss_above_chance', 'lightning-triage/report/1')
     """
-    ordered = sort_findings(explain_findings(findings))
+    ordered = sort_findings(explain_findings(settle_suspicions(findings)))
     return {
         "schema": SCHEMA_ID,
         "status": status,
         "start_here": start_here(ordered),
         "run": dict(run),
         "findings": [f.to_dict() for f in ordered],
-        "checks": [dict(c) for c in checks],
+        "checks": [_agree(c, ordered) for c in checks],
         "series": {
             name: [[int(step), _finite_or_none(float(value))] for step, value in points]
             for name, points in (series or {}).items()
@@ -172,9 +117,9 @@ def describe_findings(findings: Sequence[Mapping[str, Any]]) -> str:
     for f in findings:
         where = ", ".join(x for x in (
             "" if f.get("global_step") is None else f"step {f['global_step']}",
-            f"layer `{f['layer']}`" if f.get("layer") else "") if x)
+            f"layer `{plain(f['layer'])}`" if f.get("layer") else "") if x)
         lines.append(f"- {f['severity']} {f['code']}" + (f" ({where})" if where else "")
-                     + f": {f['title']}")
+                     + f": {plain(f['title'])}")
     return "\n".join(lines)
 
 
@@ -205,74 +150,139 @@ class TriageGateError(AssertionError):
             f"'{severity}' or worse{where}\n{describe_findings(self.findings)}")
 
 
+# ---------------------------------------------------------------------------- Markdown
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def _md_text(text: Any) -> str:
+    """Report text as Markdown text: on one line, Markdown and HTML syntax escaped (``>`` can
+    only start a quote at the start of a line: it stays)."""
+    text = _MD_SPECIAL.sub(r"\\\1", _CONTROL.sub(" ", str(text)))
+    return text.replace("&", "&amp;").replace("<", "&lt;")
+
+
+def _md_span(text: Any, table: bool = False) -> str:
+    """A value as an inline code span (shown verbatim; backticks become quotes)."""
+    span = "`" + _CONTROL.sub(" ", str(text)).replace("`", "'") + "`"
+    return span.replace("|", "\\|") if table else span
+
+
+def _md_code(text: Any, table: bool = False) -> str:
+    """A message as Markdown: its `backtick` spans as code, the rest as escaped text."""
+    parts = str(text).split("`")
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            out.append(_md_text(part))
+        elif i == len(parts) - 1:  # an unmatched backtick: literal
+            out.append("\\`" + _md_text(part))
+        elif part.strip(" "):
+            out.append(_md_span(part, table))
+    return "".join(out)
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
-    """The report as Markdown: start here, findings by stage, checks."""
-    lines = ["# lightning-triage report", ""]
+    """The report as Markdown: start here, findings by stage, checks. Every string of the
+    report is text (Markdown and HTML syntax escaped, table cells kept on one line)."""
     run = report.get("run", {})
-    lines.append(f"Status: **{report['status']}**"
-                 + (f" at step {run['global_step']}" if "global_step" in run else "")
-                 + (f", model `{run['model']}`" if run.get("model") else ""))
+    lines = [run_id_marker(run["run_id"], "md")] if run.get("run_id") else []
+    lines += ["# lightning-triage report", ""]
+    lines.append(f"Status: **{_md_text(report['status'])}**"
+                 + (f" at step {_md_text(run['global_step'])}" if "global_step" in run else "")
+                 + (f", model {_md_span(run['model'])}" if run.get("model") else ""))
     lines.append("")
-    first = report.get("start_here")
-    if first:
-        lead = next(f for f in report["findings"] if f["code"] == first)
-        lines += [f"## Start here: `{first}`", "", f"**{lead['title']}.** {lead['message']}", "",
-                  f"Next: {lead['hint']}", ""]
+    lead = _lead(report)
+    if lead is not None:
+        lines += [f"## Start here: {_md_span(lead['code'])}", "",
+                  _md_text(stage_line(lead['code'])), "",
+                  f"**{_md_text(lead['title'])}.** {_md_code(lead['message'])}", "",
+                  f"Next: {_md_code(lead['hint'])}", ""]
     else:
         lines += ["## No problems found", ""]
     if report["findings"]:
         lines += ["## Findings", "", "| severity | code | step | layer | message |",
                   "|---|---|---|---|---|"]
         for f in report["findings"]:
-            message = str(f["message"]).replace("|", "\\|").replace("\n", " ")
-            step = "" if f["global_step"] is None else f["global_step"]
-            layer = f"`{f['layer']}`" if f["layer"] else ""
-            lines.append(f"| {f['severity']} | `{f['code']}` | {step} | {layer} | {message} |")
+            step = "" if f["global_step"] is None else _md_text(f["global_step"])
+            layer = _md_span(f["layer"], table=True) if f["layer"] else ""
+            lines.append(f"| {_md_text(f['severity'])} | {_md_span(f['code'], table=True)} | "
+                         f"{step} | {layer} | {_md_code(f['message'], table=True)} |")
         lines.append("")
     if report["checks"]:
         lines += ["## Checks", "", "| check | status | detail |", "|---|---|---|"]
         for c in report["checks"]:
-            lines.append(f"| {c['check']} | {c['status']} | {c['detail']} |")
+            lines.append(f"| {_md_text(c['check'])} | {_md_text(c['status'])} | "
+                         f"{_md_code(c['detail'], table=True)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- files
+def with_run_id(report: Mapping[str, Any]) -> dict[str, Any]:
+    """``report`` with a ``run.run_id`` (a new random one if it has none)."""
+    run = dict(report.get("run", {}))
+    run.setdefault("run_id", uuid.uuid4().hex)
+    return {**report, "run": run}
 
 
 def write_report(report: Mapping[str, Any], directory: str | Path, *,
                  html: bool = True) -> list[Path]:
     """Write ``triage_report.json``, ``triage_report.md`` and (``html``) the self-contained
-    ``triage_report.html`` into ``directory``; return their paths, the JSON first."""
+    ``triage_report.html`` into ``directory``; return their paths, the JSON first.
+
+    The files carry the report's ``run.run_id`` (one is added when the report has none) and are
+    written atomically and together (:mod:`lightning_triage.report_files`): a failed write
+    leaves the previous report as it was, and two writers to one directory do not mix files.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    json_path = directory / JSON_NAME
-    json_path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
-    md_path = directory / MARKDOWN_NAME
-    md_path.write_text(render_markdown(report))
-    paths = [json_path, md_path]
+    report = with_run_id(report)
+    files = {}
     if html:
         from lightning_triage.html import render_html
 
-        html_path = directory / HTML_NAME
-        html_path.write_text(render_html(report), encoding="utf-8")
-        paths.append(html_path)
-    return paths
+        files[directory / HTML_NAME] = render_html(report)
+    files[directory / MARKDOWN_NAME] = render_markdown(report)
+    # the JSON last: once it is in place, the files beside it are its own
+    files[directory / JSON_NAME] = json.dumps(report, indent=2, allow_nan=False) + "\n"
+    write_files(files)
+    return [directory / JSON_NAME, directory / MARKDOWN_NAME] + ([directory / HTML_NAME] if html else [])
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_report(text: str | bytes, source: Any = None) -> dict[str, Any]:
+    """Parse and validate the text of a report (:func:`validate_report`).
+
+    Raises:
+        TriageReportError: not JSON (NaN and Infinity are not), nested too deeply, or not valid.
+    """
+    where = f"{one_line(str(source))}: " if source is not None else ""
+    try:
+        report = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise TriageReportError(f"{where}not a valid lightning-triage report: nested too "
+                                "deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise TriageReportError(f"{where}not valid JSON: {one_line(str(exc))[:200]}") from None
+    validate_report(report, source)
+    return dict(report)
 
 
 def load_report(source: str | Path) -> dict[str, Any]:
     """Read a saved report: a JSON file, or a directory holding ``triage_report.json`` (directly
-    or below it: the most recent one).
+    or below it: the most recent one); validated against :data:`REPORT_SCHEMA`.
 
     Raises:
         FileNotFoundError: no report there.
-        ValueError: the file is not a lightning-triage report.
+        TriageReportError: the file is not a valid lightning-triage report (a ``ValueError``;
+            the message is one line).
     """
     path = find_report(source)
-    try:
-        report = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(report, dict) or report.get("schema") != SCHEMA_ID:
-        raise ValueError(f"{path} is not a lightning-triage report (schema {SCHEMA_ID!r}).")
-    return report
+    return parse_report(path.read_bytes(), path)
 
 
 def find_report(source: str | Path) -> Path:
@@ -287,11 +297,31 @@ def find_report(source: str | Path) -> Path:
         found = sorted(path.rglob(JSON_NAME), key=lambda p: p.stat().st_mtime)
         if found:
             return found[-1]
-    raise FileNotFoundError(f"No lightning-triage report at {str(path)!r} (looked for {JSON_NAME}).")
+    raise FileNotFoundError(f"No lightning-triage report at {one_line(str(path))!r} "
+                            f"(looked for {JSON_NAME}).")
 
 
+def stale_files(json_path: Path, report: Mapping[str, Any]) -> list[Path]:
+    """The Markdown and HTML files beside ``json_path`` written by another run than ``report``
+    (a run killed between its files, or files copied together from different runs)."""
+    return other_runs(Path(json_path), report.get("run", {}).get("run_id"),
+                      (MARKDOWN_NAME, HTML_NAME))
+
+
+# ---------------------------------------------------------------------------- console
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 _MARK = {"error": "x", "warning": "!", "info": "i"}
+#: The console shows at most this many characters of a message (the files hold it in full).
+CONSOLE_CHARS = 600
+
+
+def plain(text: Any, limit: int = 200) -> str:
+    """Report text for a terminal: control characters (escape sequences, newlines) replaced by a
+    space, cut to ``limit`` characters. Print it as :class:`rich.text.Text` (no markup)."""
+    text = str(text)
+    more = len(text) - limit
+    text = _CONTROL.sub(" ", text[:limit])
+    return text + (f"… ({more} more characters in the files)" if more > 0 else "")
 
 
 def _lead(report: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -307,11 +337,27 @@ def _counts(report: Mapping[str, Any]) -> dict[str, int]:
     return counts
 
 
+def _problem_line(f: Mapping[str, Any], width: int) -> Any:
+    from rich.text import Text
+
+    sev = f["severity"]
+    where = "" if f["global_step"] is None else f"step {f['global_step']}"
+    if f.get("layer"):
+        where += f" `{plain(f['layer'])}`"
+    line = Text.assemble((f"  {_MARK[sev]} ", _STYLE[sev]), f"{plain(f['code']):<{width}}  ",
+                         (f"{where}  " if where else "", "cyan"), plain(f["title"]))
+    explained = f.get("explained_by") or []
+    if explained:
+        line.append(plain(f" (explained by {', '.join(explained)})"), style="dim")
+    return line
+
+
 def print_report(report: Mapping[str, Any], console: Any | None = None,
                  path: Path | None = None) -> None:
     """Print a short summary with rich: "start here" (what, why, next), then one line per
     problem (severity, code, step, title) and the info codes on one line. The full messages
-    are in the files (``path``: the JSON; the HTML and Markdown lie beside it).
+    are in the files (``path``: the JSON; the HTML and Markdown lie beside it). Report text is
+    shown as typed (no rich markup), without control characters, long texts cut.
     """
     from rich.console import Console
     from rich.padding import Padding
@@ -320,13 +366,16 @@ def print_report(report: Mapping[str, Any], console: Any | None = None,
     console = console or Console()
     run = report.get("run", {})
     step = f", step {run['global_step']}" if "global_step" in run else ""
-    console.rule(f"lightning-triage: {run.get('model', 'run')} ({report['status']}{step})")
+    console.rule(Text(f"lightning-triage: {plain(run.get('model', 'run'), 80)} "
+                      f"({report['status']}{step})"))
     lead = _lead(report)
     if lead is not None:
         console.print(Text.assemble(("Start here: ", "bold"), (lead["code"], "bold red"),
-                                    f" {lead['title']}"))
-        console.print(Padding(Text(lead["message"]), (0, 0, 0, 2)))
-        console.print(Padding(Text.assemble(("Next: ", "bold"), lead["hint"]), (0, 0, 0, 2)))
+                                    f" {plain(lead['title'])}"))
+        console.print(Padding(Text(stage_line(lead["code"]), style="dim"), (0, 0, 0, 2)))
+        console.print(Padding(Text(plain(lead["message"], CONSOLE_CHARS)), (0, 0, 0, 2)))
+        console.print(Padding(Text.assemble(("Next: ", "bold"), plain(lead["hint"], CONSOLE_CHARS)),
+                              (0, 0, 0, 2)))
     else:
         console.print(Text("No problems found.", style="bold green"))
     counts = _counts(report)
@@ -336,19 +385,10 @@ def print_report(report: Mapping[str, Any], console: Any | None = None,
                            f"warning(s), {counts['info']} info", style="bold"))
         width = max(len(f["code"]) for f in problems)
         for f in problems:
-            sev = f["severity"]
-            where = "" if f["global_step"] is None else f"step {f['global_step']}"
-            if f.get("layer"):
-                where += f" `{f['layer']}`"
-            line = Text.assemble((f"  {_MARK[sev]} ", _STYLE[sev]), f"{f['code']:<{width}}  ",
-                                 (f"{where}  " if where else "", "cyan"), f["title"])
-            explained = f.get("explained_by") or []
-            if explained:
-                line.append(f" (explained by {', '.join(explained)})", style="dim")
-            console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
+            console.print(_problem_line(f, width), no_wrap=True, overflow="ellipsis", crop=True)
     infos = [f["code"] for f in report.get("findings", []) if f["severity"] == "info"]
     if infos:
-        console.print(Text(f"  info: {', '.join(dict.fromkeys(infos))}", style="dim"),
+        console.print(Text(plain(f"  info: {', '.join(dict.fromkeys(infos))}", 2000), style="dim"),
                       no_wrap=True, overflow="ellipsis", crop=True)
     checks = report.get("checks", [])
     failed = sum(c["status"] in ("failed", "error") for c in checks)
@@ -356,5 +396,17 @@ def print_report(report: Mapping[str, Any], console: Any | None = None,
     console.print(Text(f"checks: {passed} passed, {failed} failed, "
                        f"{len(checks) - passed - failed} skipped"))
     if path is not None:
-        html = Path(path).with_name(HTML_NAME)
-        console.print(Text(f"full report: {html if html.exists() else path}"))
+        _print_where(console, Path(path), report)
+
+
+def _print_where(console: Any, path: Path, report: Mapping[str, Any]) -> None:
+    from rich.text import Text
+
+    html = path.with_name(HTML_NAME)
+    stale = stale_files(path, report)
+    for other in stale:
+        console.print(Text(f"note: {plain(other, 400)} is from another run than {plain(path, 400)}"
+                           " (a run stopped while writing, or files of different runs)",
+                           style="yellow"))
+    shown_path = html if html.exists() and html not in stale else path
+    console.print(Text(f"full report: {plain(shown_path, 400)}"))

@@ -3,12 +3,15 @@
 Example:
     >>> from lightning_triage.findings import Finding
     >>> from lightning_triage.report import build_report
+    >>> run = {"lightning": "2.6", "torch": "2.5", "precision": "32-true", "model": "Net",
+    ...        "strategy": "auto", "world_size": 1, "global_step": 10, "epochs": 1,
+    ...        "trainable_params": 100}
     >>> ok = build_report([Finding.create("overfit.passed", "loss 0.01", check="OverfitBatchCheck")],
-    ...                   status="completed", run={})
+    ...                   status="completed", run=run)
     >>> assert_no_findings(ok, severity="warning")
     >>> bad = build_report([Finding.create("wiring.no_grad_params", "`enc.weight` got no gradient",
     ...                                    check="GradientWiringCheck", global_step=0)],
-    ...                    status="completed", run={})
+    ...                    status="completed", run=run)
     >>> assert_no_findings(bad)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -22,7 +25,14 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lightning_triage.report import FailOn, TriageGateError, find_report, load_report, problems_at
+from lightning_triage.report import (
+    FailOn,
+    TriageGateError,
+    find_report,
+    load_report,
+    problems_at,
+    validate_report,
+)
 
 
 def assert_no_findings(report: Mapping[str, Any] | str | os.PathLike[str] | Any,
@@ -36,6 +46,12 @@ def assert_no_findings(report: Mapping[str, Any] | str | os.PathLike[str] | Any,
             after ``fit``.
         severity: ``"error"``, ``"warning"`` (default: errors and warnings) or ``"info"``.
         ignore: finding codes to leave out (e.g. ``["data.class_imbalance"]``).
+
+    Raises:
+        TriageGateError: findings at ``severity`` or worse (an ``AssertionError``).
+        TriageReportError: ``report`` is not a valid report (a ``ValueError``: a broken gate
+            input is not a test failure), with a one-line message.
+        FileNotFoundError: no report at the path.
     """
     path = None
     if isinstance(report, (str, os.PathLike)):
@@ -50,6 +66,8 @@ def assert_no_findings(report: Mapping[str, Any] | str | os.PathLike[str] | Any,
             raise TypeError(f"`report` must be a report dict, a path, or a Triage/TriageReport "
                             f"after fit, got {type(report).__name__} without a report.")
         data = holder
+    if path is None:
+        validate_report(data)
     skip = set(ignore)
     bad = [f for f in problems_at(data, severity) if f["code"] not in skip]
     if bad:

@@ -403,7 +403,8 @@ def test_class_imbalance_sorted_unshuffled_batches(tmp_path, digits):
         limit_train_batches=8)
     f = only(bi.findings, "data.class_imbalance")
     assert f.evidence["one_class_batches"] >= 6
-    assert "shuffle=True" in f.message
+    assert "not shuffled over data sorted by class" in f.message
+    assert "shuffle=True" in f.hint and "shuffle=True" not in f.message  # advice: the hint's
 
 
 def test_repeated_batch(tmp_path, digits):

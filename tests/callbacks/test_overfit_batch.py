@@ -332,5 +332,39 @@ def test_healthy_and_label_smoothing_runs_raise_no_probability_finding(tmp_path:
     for model in (Classifier(lr=0.05), LabelSmoothing(lr=0.2)):
         check = fit_overfit(tmp_path, model)
         assert "overfit.loss_on_probabilities" not in {f.code for f in check.findings}
+
+
+class SoftmaxInLoss(Classifier):
+    """The module returns logits; the loss code applies a softmax before `F.cross_entropy`."""
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(torch.softmax(self(x), 1), y)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_softmax_in_the_loss_code_is_caught_and_leads(tmp_path: Path, seed: int) -> None:
+    torch.manual_seed(seed)
+    triage = Triage(report_dir=tmp_path / "r", strict=True, verbose=False,
+                    overfit_time_budget=NO_CLOCK)
+    make_trainer(tmp_path, [triage]).fit(SoftmaxInLoss(lr=0.05), *digits())
+    report = triage.report.report
+    found = {f["code"]: f for f in report["findings"]}
+    assert report["start_here"] == "overfit.loss_on_probabilities", sorted(found)
+    f = found["overfit.loss_on_probabilities"]
+    assert f["evidence"]["softmax_in"] == "loss"
+    assert f["evidence"]["floor"] == pytest.approx(1.4612, abs=1e-3)
+    assert "softmax is applied inside the loss" in f["message"]
+    # right predictions do not turn the floor into a pass
+    assert "overfit.passed" not in found
+    assert found["overfit.failed"]["explained_by"] == ["overfit.loss_on_probabilities"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_logits_into_cross_entropy_raise_no_probability_finding(tmp_path: Path, seed: int) -> None:
+    torch.manual_seed(seed)
+    for model in (Classifier(lr=0.05), LabelSmoothing(lr=0.2)):
+        check = fit_overfit(tmp_path, model)
+        assert "overfit.loss_on_probabilities" not in {f.code for f in check.findings}
         assert "overfit.passed" in {f.code for f in check.findings}  # the probe ran, and memorized
         assert check.check_status()["status"] == "passed"

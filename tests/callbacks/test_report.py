@@ -14,13 +14,14 @@ from torch import Tensor
 from lightning_triage import InitialLossCheck, Triage, TriageReport
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
-from lightning_triage.report import REPORT_SCHEMA
+from lightning_triage.report import REPORT_SCHEMA, load_report
 from tests.helpers import WATCHES, assert_ran_and_passed, codes, make_trainer
 
 
 def read_report(directory: Path) -> dict[str, Any]:
     report = json.loads((directory / "triage_report.json").read_text())
     jsonschema.validate(report, REPORT_SCHEMA)
+    assert load_report(directory) == report  # the loader's validator accepts it too
     return report
 
 

@@ -245,7 +245,8 @@ def test_manual_optimization_skips_with_info_or_uses_forward_fn(tmp_path: Path) 
     skipped = the(probe, "structure.probe_skipped")
     assert skipped.severity == "info"
     assert "forward_fn" in skipped.message
-    assert probe.check_status()["status"] == "passed"
+    assert probe.detail.startswith("skipped:")
+    assert probe.check_status()["status"] == "skipped"  # the status agrees with the detail
 
     probe = fit(tmp_path, Manual(), classification(),
                 StructureProbe(forward_fn=lambda module, batch: module(batch[0]), strict=True))
@@ -352,7 +353,7 @@ def test_model_error_in_probe_is_info_and_run_goes_on(tmp_path: Path) -> None:
     assert "RuntimeError" in skipped.message
     assert "max_examples" in skipped.message
     assert len(model.losses) == 2  # training went on
-    assert probe.check_status()["status"] == "passed"
+    assert probe.check_status()["status"] == "skipped"  # the status agrees with the detail
     probe = fit(tmp_path, FixedBatch(), train, StructureProbe(max_examples=32, strict=True))
     assert_silent(probe)
 

@@ -5,28 +5,19 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+import torch
 
 from lightning_triage import GradientMonitor, InitialLossCheck, OverfitBatchCheck, Triage
+from lightning_triage.callbacks import CHECKS
 from lightning_triage.callbacks.base import guarded
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
-from tests.helpers import make_trainer
+from lightning_triage.errors import TriageConfigError
+from tests.helpers import loader, make_trainer
 
 
 def test_bundle_runs_every_check_in_protocol_order() -> None:
-    names = [type(c).__name__ for c in Triage().checks]
-    assert names == [
-        "BatchInspector",  # data
-        "WorstErrors",  # data (validation)
-        "InitialLossCheck",  # init
-        "GradientWiringCheck",  # wiring
-        "OverfitBatchCheck",  # overfit
-        "StructureProbe",  # structure
-        "PaddingProbe",  # structure
-        "EvalModeCheck",  # mode
-        "LossCurveMonitor",  # curve
-        "GradientMonitor",  # grad
-        "NonFiniteTracer",  # numerics
-    ]
+    # callbacks.CHECKS is the one list (in protocol order, tests/test_docs.py); the bundle follows it
+    assert [type(c) for c in Triage().checks] == list(CHECKS)
     assert "OverfitBatchCheck" not in [type(c).__name__ for c in Triage(overfit=False).checks]
 
 
@@ -88,3 +79,36 @@ def test_bundle_applies_the_guard_to_the_hooks_it_calls(tmp_path: Path,
     assert not triage.check("NonFiniteTracer").disabled  # the others go on
     with pytest.raises(ZeroDivisionError):
         make_trainer(tmp_path, [Triage(strict=True, verbose=False)]).fit(DigitsMLP(), train)
+
+
+def test_window_steps_beyond_the_monitors_cap_is_accepted() -> None:
+    """`Triage` has no `max_window_steps`: a long `window_steps` raises the monitors' cap instead
+    of failing on an argument the user cannot pass."""
+    triage = Triage(window_steps=6000)
+    caps = [c.max_window_steps for c in triage.checks if hasattr(c, "max_window_steps")]
+    assert caps == [6000, 6000]
+    with pytest.raises(TriageConfigError, match="`window_steps`"):
+        Triage(window_steps=0)
+
+
+def test_a_huge_num_classes_allocates_nothing_per_class(tmp_path: Path) -> None:
+    """`num_classes=2**40` used to make three checks allocate terabytes and disable themselves;
+    with `strict=True` an internal error would raise."""
+    triage = Triage(num_classes=2**40, strict=True, verbose=False, report_dir=tmp_path)
+    x, y = torch.randn(64, 8), torch.randint(0, 5, (64,))
+    make_trainer(tmp_path, [triage], max_steps=4).fit(_TinyClassifier(), loader(x, y))
+    assert triage.report.report is not None
+    assert not [c for c in triage.report.report["checks"] if c["status"] == "error"]
+
+
+class _TinyClassifier(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(8, 5)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 from torch import nn
 
@@ -205,3 +208,45 @@ def test_probe_padding_detects_nondeterminism() -> None:
 
     result = probe_padding(run, batch, ids, mask)
     assert result["status"] == "nondeterministic" and result["passes"] == 2
+
+
+def test_a_model_at_its_maximum_length_is_compared_with_fewer_padded_positions() -> None:
+    ids, real = padded_tokens(6, seed=8)
+    ids[0], real[0] = torch.arange(1, ids.shape[1] + 1) % 15 + 1, True  # one row not padded
+    batch = {"input_ids": ids, "attention_mask": real.long()}
+    mask = find_padding_mask(batch, ids)
+    assert not isinstance(mask, str)
+    for masked, status in ((False, "leak"), (True, "ok")):
+        torch.manual_seed(0)
+        net = _Net(masked=masked)
+        inner = _run(net)
+
+        def run(b: dict[str, torch.Tensor], inner: Any = inner) -> Recording:
+            if b["input_ids"].shape[1] > ids.shape[1]:
+                raise IndexError("index out of range in self")  # position embeddings end here
+            return inner(b)  # type: ignore[no-any-return]
+
+        result = probe_padding(run, batch, ids, mask, pass_errors=(IndexError,))
+        assert result["status"] == status
+        assert set(result["failed"]) == {"amount"} and result["fewer"] >= 1
+        assert result["passes"] == 5
+        if not masked:  # the content pass found it; the shorter pass ran on the padded rows
+            assert {leak.perturbation for leak in result["leaks"]} >= {"content"}
+
+
+def test_a_failing_pass_fails_alone_only_for_the_errors_named() -> None:
+    ids, real = padded_tokens(4, seed=9)
+    batch = {"input_ids": ids, "attention_mask": real.long()}
+    mask = find_padding_mask(batch, ids)
+    assert not isinstance(mask, str)
+    inner = _run(_Net(masked=True))
+    calls: list[int] = []
+
+    def run(b: dict[str, torch.Tensor]) -> Recording:
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyError("boom")
+        return inner(b)  # type: ignore[no-any-return]
+
+    with pytest.raises(KeyError):
+        probe_padding(run, batch, ids, mask)

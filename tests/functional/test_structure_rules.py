@@ -63,7 +63,7 @@ def test_gradient_verdicts_carry_numbers_and_layer() -> None:
     v = rules.batch_mixing("the output of `head`", "head", "norm", " where.", mix, "the batch", 8)
     assert v.code == "structure.batch_mixing" and v.layer == "head"
     assert "gradient norm 0.5 reaches them (largest: example 3) vs 1 for its own" in v.message
-    assert v.message.endswith("swapped. where.")
+    assert v.message.endswith("for its own input. where.")
     assert v.evidence["batch_size"] == 8 and v.evidence["first_module"] == "norm"
     dep = CausalDependence(2, list(range(3, 13)), 1.0, 0.5, 0.5, True, True)
     c = rules.causal_leak("Net", None, None, "", dep, "`causal=True`", "x", 13, [0, 2])
@@ -100,3 +100,22 @@ def test_padding_verdicts() -> None:
     assert skipped.evidence == {"reason": why, "part": "padding probe", "noise": 0.01}
     assert rules.padding_unaligned("x").message.startswith("The padding probe could not compare")
     assert rules.padding_unfinished("x").message.startswith("The padding probe did not run to")
+
+
+def test_labels_equal_to_inputs_need_a_shift_in_the_loss_to_be_next_token_data() -> None:
+    from lightning_triage.functional.structure_rules import causal_reason
+
+    ids = torch.tensor([[5, 6, 7, 8, 0, 0], [9, 3, 4, 2, 7, 1]])
+    labels = ids.masked_fill(ids == 0, -100)
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)  # inside HF
+    assert causal_reason(None, ids, labels, -100) is None  # nothing seen of the loss yet
+    reason = causal_reason(None, ids, labels, -100, [shifted])
+    assert reason is not None and "`labels = input_ids`" in reason
+    assert causal_reason(None, ids, labels, -100, [labels[:, 1:]]) is not None  # older HF
+    # an autoencoder: the loss compares each position with itself
+    assert causal_reason(None, ids, labels, -100, [labels.reshape(-1)]) is None
+    assert causal_reason(False, ids, labels, -100, [shifted]) is None
+    # a masked-LM batch: ignore_index scattered, masked inputs
+    mlm = torch.full_like(ids, -100)
+    mlm[0, 1], mlm[1, 3] = 6, 2
+    assert causal_reason(None, ids, mlm, -100, [mlm[:, 1:].reshape(-1)]) is None

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from lightning_triage.callbacks import CHECKS, TriageReport
 from lightning_triage.demo import SCENARIOS, Scenario, run_scenario
 from tests.scenarios.causes import CAUSE_SCENARIOS
 
@@ -31,6 +32,10 @@ EXPECTED_LEAD = {
     "deep-sigmoid": "grad.vanishing",
 }
 
+
+#: The codes each reporter may report: its own, those it shares, and the meta code.
+DECLARED = {cls.__name__: {*cls.codes, *cls.shared_codes, "triage.check_error"} for cls in CHECKS}
+DECLARED["TriageReport"] = set(TriageReport.codes)
 
 SYMPTOMS = {"overfit.failed", "curve.not_learning", "curve.loss_spike", "grad.exploding"}
 
@@ -67,6 +72,9 @@ def test_report_leads_with_the_cause_and_explains_the_symptom(tmp_path: Path,
     for f in report["findings"]:
         if f["code"] in SYMPTOMS and f["severity"] != "info":
             assert f["explained_by"], (f["code"], codes)
+    # every finding comes from a check that declares its code (callbacks.CHECKS' `codes`)
+    for f in report["findings"]:
+        assert f["code"] in DECLARED[f["check"]], (f["check"], f["code"])
     # nothing that leads is explained; everything explained names findings of this report
     present = {f["code"] for f in report["findings"]}
     for f in report["findings"]:

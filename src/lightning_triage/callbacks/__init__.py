@@ -1,10 +1,19 @@
 """Lightning callbacks: one per protocol concern, the report, and the ``Triage`` bundle."""
 
+from lightning_triage.callbacks.autocast_check import (
+    AutocastCheck,
+)
 from lightning_triage.callbacks.base import (
     TriageCallback,
 )
 from lightning_triage.callbacks.batch_inspector import (
     BatchInspector,
+)
+from lightning_triage.callbacks.dataloader_check import (
+    DataLoaderCheck,
+)
+from lightning_triage.callbacks.eval_contract import (
+    EvalContractCheck,
 )
 from lightning_triage.callbacks.eval_mode import (
     EvalModeCheck,
@@ -43,8 +52,61 @@ from lightning_triage.callbacks.worst_errors import (
     WorstErrors,
 )
 
+#: Every check of the package, in protocol order: the one list of checks. The ``Triage`` bundle
+#: builds them in this order (a test holds it to it); the HTML report's stage rows, the
+#: configuration reference and the docs' code tables read their ``stage`` and ``codes``.
+CHECKS: tuple[type[TriageCallback], ...] = (
+    BatchInspector,
+    DataLoaderCheck,
+    WorstErrors,
+    InitialLossCheck,
+    GradientWiringCheck,
+    OverfitBatchCheck,
+    StructureProbe,
+    PaddingProbe,
+    EvalModeCheck,
+    EvalContractCheck,
+    LossCurveMonitor,
+    GradientMonitor,
+    NonFiniteTracer,
+    AutocastCheck,
+)
+
+
+def code_owners() -> dict[str, list[str]]:
+    """Which classes declare (own) each finding code: the checks of :data:`CHECKS`, the report
+    (``run.*``) and the base class (``triage.check_error``, reported by any check). Each code
+    of the registry has exactly one owner (a test holds it).
+
+    Example:
+        >>> code_owners()["mode.train_mode_in_eval"]
+        ['EvalModeCheck']
+    """
+    owners: dict[str, list[str]] = {}
+    declarers: tuple[type[TriageCallback] | type[TriageReport], ...] = (
+        TriageCallback, *CHECKS, TriageReport)
+    for cls in declarers:
+        for code in cls.codes:
+            owners.setdefault(code, []).append(cls.__name__)
+    return owners
+
+
+def check_stages() -> dict[str, str]:
+    """The protocol stage of each check of :data:`CHECKS`, by class name.
+
+    Example:
+        >>> check_stages()["PaddingProbe"]
+        'structure'
+    """
+    return {cls.__name__: cls.stage for cls in CHECKS}
+
+
 __all__ = [
+    "CHECKS",
+    "AutocastCheck",
     "BatchInspector",
+    "DataLoaderCheck",
+    "EvalContractCheck",
     "EvalModeCheck",
     "GradientMonitor",
     "GradientWiringCheck",
@@ -58,4 +120,6 @@ __all__ = [
     "TriageCallback",
     "TriageReport",
     "WorstErrors",
+    "check_stages",
+    "code_owners",
 ]

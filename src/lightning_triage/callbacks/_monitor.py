@@ -82,3 +82,21 @@ def scalar(evidence: Mapping[str, Any], key: str, default: float = 1.0) -> float
     except (TypeError, ValueError):
         return default
     return out if out == out and abs(out) != float("inf") else default
+
+
+def handled_by(trainer: pl.Trainer, key: str | None) -> list[str]:
+    """The user's callbacks that act on a rise of the validation loss ``key`` (``None``: any
+    metric named like ``val*loss*``): an ``EarlyStopping`` stops the run, a ``ModelCheckpoint``
+    keeps the best weights; e.g. ``["EarlyStopping(monitor='val_loss')"]``."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    out = []
+    for cb in trainer.callbacks:  # type: ignore[attr-defined]
+        monitor = getattr(cb, "monitor", None)
+        if not isinstance(cb, (EarlyStopping, ModelCheckpoint)) or not isinstance(monitor, str) \
+                or getattr(cb, "mode", "min") != "min":
+            continue
+        lower = monitor.lower()
+        if monitor == key if key else ("val" in lower and "loss" in lower):
+            out.append(f"{type(cb).__name__}(monitor={monitor!r})")
+    return out

@@ -23,6 +23,9 @@ from lightning_triage.findings import Finding, Severity
 from lightning_triage.functional.verdict import Verdict
 
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
+#: A check whose detail starts with this did not do its work (the rest says why): its status is
+#: ``"skipped"`` unless it found a problem before it stopped.
+SKIPPED_PREFIX = "skipped:"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -91,11 +94,16 @@ class TriageCallback(Callback):
     #: Bumped whenever a check's ``idle`` flag changes (bundles cache their per-step callees).
     idle_version = 0
 
-    #: The protocol stage this check belongs to (one of ``findings.STAGES``).
-    stage: ClassVar[str] = ""
-    #: The finding codes this check may report (each registered in ``findings``; each registered
-    #: code is declared by exactly one check).
-    codes: ClassVar[tuple[str, ...]] = ()
+    #: The protocol stage this check belongs to (one of ``findings.STAGES``). The base class
+    #: owns the meta stage: every check may report ``triage.check_error``, built here.
+    stage: ClassVar[str] = "triage"
+    #: The finding codes this check owns and may report (each registered in ``findings``; each
+    #: registered code is declared by exactly one check, see ``callbacks.code_owners``). A check
+    #: that does not declare its own inherits the base's, and the docs tests fail.
+    codes: ClassVar[tuple[str, ...]] = ("triage.check_error",)
+    #: Codes owned by another check that this one may report too (the NaN tracer reports the
+    #: non-finite batch of the failing step with the data stage's codes).
+    shared_codes: ClassVar[tuple[str, ...]] = ()
 
     #: The arguments that tell two instances apart: those not at their defaults join the class
     #: name in :attr:`state_key` (as in Lightning's ``EarlyStopping``).
@@ -202,15 +210,16 @@ class TriageCallback(Callback):
     def check_status(self) -> dict[str, str]:
         """This check's entry of the report's ``checks`` list."""
         status: CheckStatus
+        problem = any(f.is_problem for f in self.findings if f.code != "triage.check_error")
         if self.disabled:
             status = "error"
-        elif not self.ran:
-            status = "skipped"
-        elif any(f.is_problem for f in self.findings if f.code != "triage.check_error"):
+        elif not self.ran or (not problem and self.detail.startswith(SKIPPED_PREFIX)):
+            status = "skipped"  # a detail that says "skipped: ..." is never "passed"
+        elif problem:
             status = "failed"
         else:
             status = "passed"
-        return {"check": self.check_name, "status": status, "detail": self.detail}
+        return {"check": self.check_name, "stage": self.stage, "status": status, "detail": self.detail}
 
     def series(self) -> dict[str, list[list[float]]]:
         """Named ``[[step, value], ...]`` series this check contributes to the report."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -89,6 +89,13 @@ class BatchInspector(TriageCallback):
                 - class_path: lightning_triage.BatchInspector
                   init_args: {num_classes: 10, input_key: image, target_key: label}
     """
+
+    stage: ClassVar[str] = "data"
+    codes: ClassVar[tuple[str, ...]] = ("data.nonfinite_input", "data.nonfinite_target",
+        "data.unnormalized_input", "data.tiny_input_scale", "data.constant_input",
+        "data.target_out_of_range", "data.class_imbalance", "data.repeated_batch",
+        "data.duplicate_samples", "data.train_val_overlap", "data.train_val_shift",
+        "data.label_misalignment", "data.unknown_batch_structure")
 
     state_key_args = ("input_key", "target_key")
 

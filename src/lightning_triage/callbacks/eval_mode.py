@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.functional.mode import mode_sensitive_in_training
+from lightning_triage.functional.mode import mode_sensitive_in_training, train_mode_in_eval
 
-#: At most this many module names are listed in a finding's evidence.
-MAX_LISTED = 100
 
 class EvalModeCheck(TriageCallback):
     """Report dropout/batch-norm layers left in training mode during validation.
@@ -40,6 +38,9 @@ class EvalModeCheck(TriageCallback):
               callbacks:
                 - class_path: lightning_triage.EvalModeCheck
     """
+
+    stage: ClassVar[str] = "mode"
+    codes: ClassVar[tuple[str, ...]] = ("mode.train_mode_in_eval",)
 
     def __init__(self, *, strict: bool = False) -> None:
         super().__init__(strict=strict)
@@ -79,27 +80,14 @@ class EvalModeCheck(TriageCallback):
                       f"{self.runs_in_train_mode} with layers in training mode")
 
     def _inspect(self, trainer: pl.Trainer, pl_module: pl.LightningModule, when: str) -> bool:
-        names = mode_sensitive_in_training(pl_module)
-        if not names:
-            return False
         if self.has_finding("mode.train_mode_in_eval"):
-            return True
-        listed = ", ".join(f"`{n}`" for n in names[:8]) + (
-            f" and {len(names) - 8} more" if len(names) > 8 else "")
-        kinds = sorted({type(m).__name__ for n, m in pl_module.named_modules() if n in names})
+            return bool(mode_sensitive_in_training(pl_module))
         phase = "the sanity check" if trainer.sanity_checking else "validation"
-        self.add_finding(
-            trainer, "mode.train_mode_in_eval",
-            f"During {phase} ({when}), {len(names)} mode-sensitive layer(s) were in training "
-            f"mode: {listed} ({', '.join(kinds)}). Dropout stays active and BatchNorm uses and "
-            "updates batch statistics, so validation results are noisy and the running "
-            "statistics absorb validation data. Remove the `.train()` call from the validation "
-            "hooks (Lightning switches to eval mode itself).",
-            layer=names[0] or None,
-            evidence={"modules": names[:MAX_LISTED], "num_modules": len(names),
-                      "module_types": kinds, "validation_runs": self.runs_in_train_mode + 1,
-                      "sanity_check": bool(trainer.sanity_checking)},
-        )
+        verdict = train_mode_in_eval(pl_module, trainer.global_step, phase=phase, when=when)
+        if verdict is None:
+            return False
+        self.add_verdict(trainer, verdict, validation_runs=self.runs_in_train_mode + 1,
+                         sanity_check=bool(trainer.sanity_checking))
         return True
 
     @override

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning.pytorch as pl
 import numpy as np
@@ -55,6 +55,16 @@ _UNIT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 _MAX_LAYER_ROWS = 128  # columns (steps) of the report's per-layer heatmap
+
+
+def user_clip(trainer: pl.Trainer) -> float | None:
+    """The user's ``gradient_clip_val`` when it clips the total norm (``None``: no clipping, or
+    clipping by value, which bounds entries, not the norm)."""
+    val = getattr(trainer, "gradient_clip_val", None)
+    algorithm = str(getattr(trainer, "gradient_clip_algorithm", None) or "norm").lower()
+    if not isinstance(val, (int, float)) or val <= 0 or not algorithm.endswith("norm"):
+        return None
+    return float(val)
 
 
 class GradientMonitor(TriageCallback, WindowMixin):
@@ -117,6 +127,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
                   init_args: {window_steps: 200, on_spike: warn}
     """
 
+    stage: ClassVar[str] = "grad"
+    codes: ClassVar[tuple[str, ...]] = ("grad.exploding", "grad.vanishing", "grad.spike",
+        "grad.dead_units", "grad.update_ratio")
+
     state_key_args = ("window_epochs", "window_steps")
 
     def __init__(
@@ -164,6 +178,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._weight_idx: list[int] = []
         self._unit_idx: list[int] = []
         self._amp_fp16 = False
+        self._clip_val: float | None = None
         self._steps: StepCounter | None = None
         # this chunk: rows [total, per-parameter norms..., loss] (on the device on accelerators)
         self._buf: RowBuffer | None = None
@@ -202,6 +217,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             self._buf, self._loss_from, self._need_loss = None, 0, False
             # fp16 mixed precision with a gradient scaler: the scaler skips non-finite steps
             self._amp_fp16 = fp16_amp(trainer)
+            self._clip_val = user_clip(trainer)
 
     def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         owners = {}
@@ -421,7 +437,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
                                     followed=followed, first_layer=first,
                                     first_step=None if first_row is None else int(steps[first_row]),
                                     layer_ratios=ratios, after_window=True,
-                                    follow_steps=th.follow_steps)
+                                    follow_steps=th.follow_steps, clip_val=self._clip_val)
             self._report(trainer, [verdict], after_window=True)
         self._pending_spikes = keep
 
@@ -431,7 +447,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
         layers = {module_name(self._names[j]): rows[:, j] for j in self._weight_idx}
         return classify_gradients(self.w_total, steps=self.w_steps, layers=layers,
                                   loss=self.w_loss, nonfinite_is_skip=self._amp_fp16,
-                                  final=final, thresholds=self.thresholds, **(extra or {}))
+                                  final=final, thresholds=self.thresholds,
+                                  clip_val=self._clip_val, **(extra or {}))
 
     def _close_window(self, trainer: pl.Trainer, complete: bool = True) -> None:
         ratios = median_ratios(torch.stack(self._ratio_rows).cpu().double().numpy(),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -80,6 +80,10 @@ class GradientWiringCheck(TriageCallback):
               callbacks:
                 - class_path: lightning_triage.GradientWiringCheck
     """
+
+    stage: ClassVar[str] = "wiring"
+    codes: ClassVar[tuple[str, ...]] = ("wiring.no_grad_params", "wiring.zero_grad_params",
+        "wiring.frozen_params", "wiring.loss_detached", "wiring.params_not_in_optimizer")
 
     def __init__(self, *, check_optimizer: bool = True, report_frozen: bool = True,
                  strict: bool = False) -> None:

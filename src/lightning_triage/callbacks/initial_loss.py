@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_triage._compat import fp16_amp
 from lightning_triage.callbacks._args import arg, check_batch_key, check_choice, check_int, check_number
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.errors import TriageConfigError
@@ -56,7 +57,9 @@ def loss_from_outputs(outputs: STEP_OUTPUT, pl_module: pl.LightningModule,
 class InitialLossCheck(TriageCallback):
     """Compare the loss of the first training batch with the task's chance level.
 
-    The loss is read from the first training step's output (no extra forward pass). With
+    The loss is read from the first training step's output (no extra forward pass); under an
+    optimizer that evaluates its closure several times per step (LBFGS) it is the first
+    evaluation's loss, taken before the first backward. With
     ``task="auto"`` the task and class count are inferred from the targets and the shape of the
     model's output on that batch (captured by temporary forward hooks removed right after).
 
@@ -85,6 +88,10 @@ class InitialLossCheck(TriageCallback):
                 - class_path: lightning_triage.InitialLossCheck
                   init_args: {task: multiclass, num_classes: 10}
     """
+
+    stage: ClassVar[str] = "init"
+    codes: ClassVar[tuple[str, ...]] = ("init.loss_above_chance", "init.loss_below_chance",
+        "init.chance_unknown")
 
     state_key_args = ("task", "num_classes", "input_key", "target_key")
 
@@ -117,6 +124,7 @@ class InitialLossCheck(TriageCallback):
         self.chance: ChanceLevel | None = None
         self.initial_loss: float | None = None
         self._capture = HeadCapture()
+        self._closure_losses: list[Tensor] = []  # the first backward losses of step 0
 
     @override
     @guarded
@@ -125,8 +133,16 @@ class InitialLossCheck(TriageCallback):
         if self.ran or trainer.global_step != 0 or batch_idx != 0:
             return
         targets = split_batch(batch, self.input_key, self.target_key).targets
+        self._closure_losses = []
         self._capture.start(pl_module, targets, hooks=self.task == "auto",
                             wrap=lambda hook: self.guard_hook(trainer, "forward hook", hook))
+
+    @override
+    @guarded
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           loss: Tensor) -> None:
+        if self._capture.active and len(self._closure_losses) < 2:
+            self._closure_losses.append(loss.detach().clone())
 
     @override
     @guarded
@@ -137,6 +153,11 @@ class InitialLossCheck(TriageCallback):
             return
         output, targets = self._capture.finish()
         loss = loss_from_outputs(outputs, pl_module, trainer)
+        if len(self._closure_losses) > 1 and pl_module.automatic_optimization \
+                and not fp16_amp(trainer):
+            # an optimizer that evaluates its closure several times per step (LBFGS): the
+            # step-0 loss is the first evaluation, the outputs hold the last
+            loss = self._closure_losses[0] * trainer.accumulate_grad_batches
         if loss is None:
             self.skip("the first training step returned no scalar loss")
             return

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.types import STEP_OUTPUT
@@ -18,6 +18,7 @@ from lightning_triage._compat import StepCounter, is_overridden, step_counter
 from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int, fail
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
+    handled_by,
     log_finding,
     log_to_loggers,
     scalar,
@@ -69,7 +70,10 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     ``curve.overfitting``, ``curve.healthy`` (info). At the end of training, for a run that
     filled a window long enough to classify: ``curve.no_validation`` (info) when no validation
     ran in the fit, ``curve.sparse_validation`` (info) when too few validation runs fell inside
-    the window for the overfitting rule.
+    the window for the overfitting rule and validation ran less often than once per epoch.
+    ``curve.overfitting`` is not reported under ``Trainer(overfit_batches=...)``; its evidence
+    names the user's ``EarlyStopping``/``ModelCheckpoint`` on the validation loss
+    (``handled_by``), which make it info (see :mod:`lightning_triage.suspicions`).
 
     Args:
         task: ``"auto"`` (infer from the first batch), ``"multiclass"``, ``"binary"``,
@@ -104,6 +108,11 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 - class_path: lightning_triage.LossCurveMonitor
                   init_args: {window_epochs: 2, window_steps: 200}
     """
+
+    stage: ClassVar[str] = "curve"
+    codes: ClassVar[tuple[str, ...]] = ("curve.not_learning", "curve.lr_too_low", "curve.lr_too_high",
+        "curve.diverging", "curve.plateau_at_chance", "curve.loss_spike", "curve.overfitting",
+        "curve.healthy", "curve.no_validation", "curve.sparse_validation")
 
     state_key_args = ("task", "num_classes", "window_epochs", "window_steps", "val_key")
 
@@ -295,9 +304,15 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 continue
             if v.code in ("curve.diverging", "curve.overfitting") and self.has_finding(v.code):
                 continue  # one divergence / overfitting verdict per window
+            extra: dict[str, Any] = {}
+            if v.code == "curve.overfitting":
+                if getattr(trainer, "overfit_batches", 0):
+                    continue  # the user memorizes a few batches on purpose
+                extra["handled_by"] = handled_by(trainer, self.val_key)
             self._reported.add(key)
             finding = self.add_verdict(trainer, v, after_window=after_window,
-                                       chance=None if self.chance is None else self.chance.value)
+                                       chance=None if self.chance is None else self.chance.value,
+                                       **extra)
             log_finding(trainer, finding, scalar(v.evidence, "ratio"))
 
     def _report_events(self, trainer: pl.Trainer, events: list[SpikeEvent], steps: list[int],
@@ -441,14 +456,13 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 f"verdict rests on the training loss of {self._window_n} steps alone.",
                 evidence={"reason": why, "validation_runs": self._val_runs,
                           "window_steps": self._window_n})
-        elif len(self.val) < needed:
+        elif len(self.val) < needed and self._val_runs < trainer.current_epoch:
+            # rarer than once per epoch (once per epoch is the norm: not worth a note)
             finding = self.add_finding(
                 trainer, "curve.sparse_validation",
                 f"Only {len(self.val)} validation loss(es) inside the first-epochs window of "
                 f"{self._window_n} steps ({self._val_runs} validation run(s) in the fit): the "
-                f"overfitting rule needs at least {needed}. Validate more often "
-                "(`val_check_interval=`, `check_val_every_n_epoch=1`) or widen the window "
-                "(`window_epochs=`, `window_steps=`).",
+                f"overfitting rule needs at least {needed}.",
                 evidence={"validation_in_window": len(self.val), "validation_runs": self._val_runs,
                           "needed": needed, "window_steps": self._window_n,
                           "check_val_every_n_epoch": trainer.check_val_every_n_epoch,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -116,6 +116,12 @@ class NonFiniteTracer(TriageCallback):
                 - class_path: lightning_triage.NonFiniteTracer
                   init_args: {on_nonfinite: stop, mode: auto, check_every_n_steps: 50}
     """
+
+    stage: ClassVar[str] = "numerics"
+    codes: ClassVar[tuple[str, ...]] = ("numerics.nonfinite_loss", "numerics.nonfinite_forward",
+        "numerics.nonfinite_backward", "numerics.nonfinite_params", "numerics.precision_overflow",
+        "numerics.near_overflow", "numerics.nonfinite_detected")
+    shared_codes: ClassVar[tuple[str, ...]] = ("data.nonfinite_input", "data.nonfinite_target")
 
     state_key_args = ("on_nonfinite", "mode")
 

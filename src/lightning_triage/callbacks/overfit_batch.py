@@ -7,7 +7,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -197,6 +197,10 @@ class OverfitBatchCheck(TriageCallback):
                 - class_path: lightning_triage.OverfitBatchCheck
                   init_args: {batch_size: 8, max_steps: 300, time_budget: 5.0}
     """
+
+    stage: ClassVar[str] = "overfit"
+    codes: ClassVar[tuple[str, ...]] = ("overfit.failed", "overfit.loss_on_probabilities",
+        "overfit.passed", "overfit.inconclusive", "overfit.skipped")
 
     state_key_args = ("batch_size", "task", "num_classes", "input_key", "target_key")
 

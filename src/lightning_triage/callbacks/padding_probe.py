@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -88,6 +88,10 @@ class PaddingProbe(ProbeCallback):
                 - class_path: lightning_triage.PaddingProbe
                   init_args: {padding_mask_key: mask, max_examples: 8}
     """
+
+    stage: ClassVar[str] = "structure"
+    codes: ClassVar[tuple[str, ...]] = ("structure.padding_leak",)
+    shared_codes: ClassVar[tuple[str, ...]] = ("structure.probe_skipped",)
 
     state_key_args = ("padding_mask_key", "input_key", "target_key")
 
@@ -190,11 +194,13 @@ class PaddingProbe(ProbeCallback):
 
         def run(b: Any) -> Recording:
             # a fresh copy per pass, every RNG as at the start: paired passes start alike
+            inputs = split_batch(b, self.input_key, self.target_key).inputs
+            examples = n if inputs is None else inputs.shape[0]  # fewer rows: a shorter pass
             with eval_copy(trainer, pl_module, saved, factor=1.0) as probe, torch.no_grad(), \
                     warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.results["isolation"] = probe.how
-                with record_outputs(probe.module, n) as rec:
+                with record_outputs(probe.module, examples) as rec:
                     self._run(trainer, probe.module, b)
                 return rec
 
@@ -207,10 +213,10 @@ class PaddingProbe(ProbeCallback):
         try:
             result = probe_padding(run, batch, x, mask, targets=y,
                                    ignore_index=self.ignore_index, tolerance=self.tolerance,
-                                   gate=gate)
+                                   gate=gate, pass_errors=(UserCodeError,))
         except BaseException:
             if trainer.world_size > 1:  # answer the decisions this rank will not reach
-                for _ in range(len(asked), 3):
+                for _ in range(len(asked), 4):
                     trainer.strategy.reduce_boolean_decision(False, all=True)
             raise
         finally:
@@ -239,6 +245,8 @@ class PaddingProbe(ProbeCallback):
             self.mark_ran(f"skipped: {why}")
             return
         leaks = result["leaks"]
+        self.results["failed_passes"] = dict(result["failed"])
+        base += self._partial(result)
         if not leaks:
             self.mark_ran(f"{base}: no leak (head `{self._label(pl_module, result['head'])}`)")
             return
@@ -247,6 +255,14 @@ class PaddingProbe(ProbeCallback):
             self._label(pl_module, result["head"]), self._label(pl_module, first), result["head"],
             mask, leaks, result["noise"], list(x.shape[:2])))
         self.mark_ran(f"{base}: leak ({', '.join(leak.perturbation for leak in leaks)})")
+
+    @staticmethod
+    def _partial(result: Mapping[str, Any]) -> str:
+        """The passes that failed and what replaced them, for the detail."""
+        text = "".join(f"; the {kind} pass failed ({why})" for kind, why in result["failed"].items())
+        if "fewer" in result:
+            text += f"; compared with {result['fewer']} fewer padded positions instead"
+        return text
 
     @staticmethod
     def _label(pl_module: pl.LightningModule, name: str | None) -> str:

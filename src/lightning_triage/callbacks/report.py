@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import platform
 import tempfile
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning
 import lightning.pytorch as pl
@@ -121,6 +122,7 @@ def run_info(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, An
     except Exception:  # hparams of unusual types: the report is no reason to fail
         hparams = {}
     return {
+        "run_id": uuid.uuid4().hex,  # also in the Markdown and HTML written with the JSON
         "lightning": lightning.__version__,
         "torch": torch.__version__,
         "precision": str(trainer.precision),
@@ -210,6 +212,10 @@ class TriageReport(Callback):
         >>> from lightning_triage import InitialLossCheck, TriageReport
         >>> trainer = Trainer(callbacks=[InitialLossCheck(), TriageReport(report_dir="runs/triage")])
     """
+
+    #: The report owns the run-settings context codes (``run.*``), which it builds itself.
+    stage: ClassVar[str] = "run"
+    codes: ClassVar[tuple[str, ...]] = ("run.unseeded",)
 
     def __init__(self, *, report_dir: str | os.PathLike[str] | None = None, verbose: bool = True,
                  html: bool = True, log_findings: bool = True, fail_on: FailOn | None = None,

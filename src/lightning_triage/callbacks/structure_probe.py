@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -91,7 +91,8 @@ class StructureProbe(ProbeCallback):
        on the batch, or for integer inputs the output of the module that embeds them): the
        gradient of example 0's output w.r.t. the other examples (``structure.batch_mixing``)
        and, when ``causal=True`` or the data is next-token (``targets[:, :-1] ==
-       inputs[:, 1:]``), of output positions w.r.t. later positions
+       inputs[:, 1:]``, or ``labels = input_ids`` given to the loss shifted by one inside the
+       model), of output positions w.r.t. later positions
        (``structure.causal_leak``). A problem is localized to the first module whose output
        shows it (the finding's ``layer``).
 
@@ -132,6 +133,10 @@ class StructureProbe(ProbeCallback):
                 - class_path: lightning_triage.StructureProbe
                   init_args: {causal: true, max_examples: 16}
     """
+
+    stage: ClassVar[str] = "structure"
+    codes: ClassVar[tuple[str, ...]] = ("structure.batch_mixing", "structure.causal_leak",
+        "structure.shape_mismatch", "structure.target_leak", "structure.probe_skipped")
 
     state_key_args = ("causal", "input_key", "target_key")
 
@@ -459,6 +464,8 @@ class StructureProbe(ProbeCallback):
         self.results["probe_input"] = choice.description
         run = _GradientRun(rec_g, leaf, head_name, head, choice.description, deadline)
         self._batch_mixing(trainer, pl_module, run, watch)
+        if reason is None and watch is not None:  # `labels = input_ids`, shifted in the loss
+            reason = rules.causal_reason(self.causal, x, y, self.ignore_index, watch.loss_targets)
         if reason is not None:
             self._causal(trainer, pl_module, run, reason)
         return 1

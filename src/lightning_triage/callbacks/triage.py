@@ -16,8 +16,11 @@ from typing_extensions import override
 from lightning_triage._compat import skip_hook, unskip_hooks
 from lightning_triage.callbacks._args import aliases, check_bool
 from lightning_triage.callbacks._step import StepState
+from lightning_triage.callbacks.autocast_check import AutocastCheck
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.batch_inspector import BatchInspector
+from lightning_triage.callbacks.dataloader_check import DataLoaderCheck
+from lightning_triage.callbacks.eval_contract import EvalContractCheck
 from lightning_triage.callbacks.eval_mode import EvalModeCheck
 from lightning_triage.callbacks.gradient_monitor import GradientMonitor, OnSpike
 from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
@@ -32,6 +35,9 @@ from lightning_triage.callbacks.worst_errors import WorstErrors
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
 from lightning_triage.report import FailOn
+
+#: The monitors' default ``max_window_steps`` (raised to ``window_steps`` when that is larger).
+_MAX_WINDOW_STEPS = 5000
 
 _PER_STEP = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_backward",
                        "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"})
@@ -65,8 +71,8 @@ class Triage(Callback):
         overfit_time_budget: seconds the overfit probe may take (skipped when a step says it
             would not fit).
         forward_fn: ``callable(pl_module, batch) -> output`` running the model on a batch, for
-            the structure probes when they cannot find the forward through ``training_step``
-            (manual optimization).
+            the structure probes and :class:`AutocastCheck` when they cannot find the forward
+            through ``training_step`` (manual optimization).
         on_nonfinite: what :class:`NonFiniteTracer` does when a step goes NaN/Inf: ``"stop"``
             (report, drop the step's update, stop fit), ``"skip"`` (drop it and go on) or
             ``"warn"`` (report only).
@@ -79,6 +85,8 @@ class Triage(Callback):
         window_steps: optimizer steps of that window.
         watch: keep watching loss and gradient norms for spikes after the window.
         on_spike: ``"warn"`` or ``"skip"`` (zero the gradients of a step whose norm spikes).
+        stochastic_eval: evaluation is random on purpose (MC dropout, test-time augmentation):
+            :class:`EvalContractCheck` does not probe it for determinism.
         padding_mask_key: the batch entry holding the padding mask, for the padding probe
             (:class:`PaddingProbe`) when it cannot find the mask by name.
         fail_on: ``"error"``, ``"warning"`` or ``"info"``: a CI gate, raising
@@ -132,6 +140,7 @@ class Triage(Callback):
         window_steps: int = 200,
         watch: bool = True,
         on_spike: OnSpike = "warn",
+        stochastic_eval: bool = False,
         padding_mask_key: BatchKey | None = None,
         fail_on: FailOn | None = None,
         html: bool = True,
@@ -157,10 +166,14 @@ class Triage(Callback):
         self.window_steps = window_steps
         self.watch = watch
         self.on_spike = on_spike
+        self.stochastic_eval = stochastic_eval
         self.input_key = input_key
         self.target_key = target_key
         self.padding_mask_key = padding_mask_key
         ik, tk = input_key, target_key
+        # `Triage` has no `max_window_steps`: the monitors' cap grows with `window_steps`
+        max_window = max(_MAX_WINDOW_STEPS, window_steps) if isinstance(window_steps, int) \
+            else _MAX_WINDOW_STEPS
         # the checks validate the arguments, named as `Triage` names them
         with aliases(batch_size="overfit_batch_size", max_steps="overfit_max_steps",
                      time_budget="overfit_time_budget", mode="numerics_mode",
@@ -173,6 +186,7 @@ class Triage(Callback):
             self.checks: list[TriageCallback] = [
                 BatchInspector(num_classes=num_classes, input_key=ik, target_key=tk,
                                strict=strict),
+                DataLoaderCheck(strict=strict),
                 WorstErrors(input_key=ik, target_key=tk, strict=strict),
                 InitialLossCheck(task=task, num_classes=num_classes, input_key=ik, target_key=tk,
                                  strict=strict),
@@ -183,14 +197,19 @@ class Triage(Callback):
                 PaddingProbe(padding_mask_key=padding_mask_key, forward_fn=forward_fn,
                              input_key=ik, target_key=tk, strict=strict),
                 EvalModeCheck(strict=strict),
+                EvalContractCheck(stochastic_eval=stochastic_eval, task=task,
+                                  num_classes=num_classes, input_key=ik, target_key=tk,
+                                  strict=strict),
                 LossCurveMonitor(task=task, num_classes=num_classes, input_key=ik, target_key=tk,
                                  window_epochs=window_epochs, window_steps=window_steps,
-                                 watch=watch, strict=strict),
-                GradientMonitor(window_epochs=window_epochs, window_steps=window_steps, watch=watch,
-                                on_spike=on_spike, strict=strict),
+                                 max_window_steps=max_window, watch=watch, strict=strict),
+                GradientMonitor(window_epochs=window_epochs, window_steps=window_steps,
+                                max_window_steps=max_window, watch=watch, on_spike=on_spike,
+                                strict=strict),
                 NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
                                 check_every_n_steps=numerics_check_every_n_steps, input_key=ik,
                                 target_key=tk, strict=strict),
+                AutocastCheck(forward_fn=forward_fn, input_key=ik, target_key=tk, strict=strict),
             ]
         self.fail_on = fail_on
         self.html = html

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -70,6 +70,9 @@ class WorstErrors(TriageCallback):
                 - class_path: lightning_triage.WorstErrors
                   init_args: {k: 20}
     """
+
+    stage: ClassVar[str] = "data"
+    codes: ClassVar[tuple[str, ...]] = ("data.worst_errors",)
 
     state_key_args = ("k", "input_key", "target_key", "index_key")
 

@@ -94,8 +94,9 @@ def prior_entropy(targets: Tensor, num_classes: int | None = None,
     t = t[t >= 0]
     if t.numel() == 0:
         return 0.0
-    counts = torch.bincount(t.long(), minlength=num_classes or 0).double()
-    probs = counts[counts > 0] / counts.sum()
+    del num_classes  # absent classes add nothing: no per-class allocation (any class count)
+    counts = torch.unique(t.long(), return_counts=True)[1].double()
+    probs = counts / counts.sum()
     return float(-(probs * probs.log()).sum())
 
 

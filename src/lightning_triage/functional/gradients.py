@@ -130,6 +130,13 @@ class GradThresholds:
     max_spikes: int = 5
 
 
+#: A final window of at least this many steps but fewer than ``min_steps`` (the run ended
+#: inside it) is still judged for growth...
+SHORT_WINDOW_STEPS = 8
+#: ...by more than this many times ``GradThresholds.growth`` (orders of magnitude: a blow-up).
+SHORT_WINDOW_GROWTH = 100.0
+
+
 def _fmt(v: float) -> str:
     return f"{v:.3g}"
 
@@ -194,8 +201,21 @@ def jumped_first(layer_norms: np.ndarray, names: Sequence[str], i: int,
 def spike_verdict(event: SpikeEvent, *, clip: float | None, followed: int | None,
                   first_layer: str | None = None, first_step: int | None = None,
                   layer_ratios: Mapping[str, float] | None = None,
-                  after_window: bool = False, follow_steps: int = 5) -> Verdict:
-    """A ``grad.spike`` verdict from a spike event and what is known around it."""
+                  after_window: bool = False, follow_steps: int = 5,
+                  clip_val: float | None = None) -> Verdict:
+    """A ``grad.spike`` verdict from a spike event and what is known around it.
+
+    ``clip_val`` is the user's ``gradient_clip_val`` (total-norm clipping): a spike above it was
+    clipped (expected behaviour), and a suggested ``clip`` no tighter than it is dropped.
+
+    Example:
+        >>> e = SpikeEvent("spike", 40, 12.0, 0.8, 0.05, 15.0, 40)
+        >>> v = spike_verdict(e, clip=1.4, followed=None, clip_val=1.0)
+        >>> v.evidence["suggested_clip"], v.evidence["clipped_to"]
+        (None, 1.0)
+    """
+    if clip is not None and clip_val is not None and clip >= clip_val:
+        clip = None  # never suggest a clip looser than the user's
     msg = (f"gradient-norm spike at step {event.step}: total norm {_fmt(event.value)}, "
            f"{event.ratio:.1f}x the running level {_fmt(event.level)}")
     if first_layer is not None:
@@ -204,6 +224,9 @@ def spike_verdict(event: SpikeEvent, *, clip: float | None, followed: int | None
         msg += (f"; the loss spiked {followed} step(s) later: exploding gradients, clip them")
     else:
         msg += f"; no loss spike followed within {follow_steps} steps"
+    clipped = clip_val if clip_val is not None and event.value > clip_val else None
+    if clipped is not None:
+        msg += f"; your `gradient_clip_val={clip_val:g}` clipped this step's update"
     if clip is not None:
         msg += f". Suggested `gradient_clip_val={clip:g}` (the {99}th percentile of healthy norms)"
     top = dict(sorted((layer_ratios or {}).items(), key=lambda kv: -kv[1])[:5])
@@ -213,7 +236,7 @@ def spike_verdict(event: SpikeEvent, *, clip: float | None, followed: int | None
          "spread": event.spread, "ratio": event.ratio, "loss_spike_followed": followed is not None,
          "loss_spike_after_steps": followed, "suggested_clip": clip,
          "first_layer": first_layer, "first_layer_step": first_step,
-         "layer_ratios_top": top, "after_window": after_window})
+         "layer_ratios_top": top, "after_window": after_window, "clipped_to": clipped})
 
 
 def module_name(param_name: str) -> str:
@@ -320,6 +343,7 @@ def classify_gradients(
     nonfinite_is_skip: bool = False,
     final: bool = True,
     thresholds: GradThresholds | None = None,
+    clip_val: float | None = None,
 ) -> list[Verdict]:
     """Classify the gradient norms of a window of training.
 
@@ -333,8 +357,12 @@ def classify_gradients(
         dead_units: per layer ``(units that never got a gradient, units)``.
         nonfinite_is_skip: non-finite norms are steps the fp16 gradient scaler skips: ignore.
         final: judge the whole window (growth, depth ratios, update ratios, dead units); if
-            ``False`` only spikes and non-finite norms.
+            ``False`` only spikes and non-finite norms. A final window shorter than
+            ``min_steps`` (the run ended there) is judged for growth only, and only by more than
+            :data:`SHORT_WINDOW_GROWTH` times ``growth``.
         thresholds: see :class:`GradThresholds`.
+        clip_val: the user's ``gradient_clip_val`` (total-norm clipping), if any: a spike's
+            message says the update was clipped, and no looser clip is suggested.
 
     Example:
         >>> norms = [1.0 + 0.05 * (i % 5) for i in range(60)]
@@ -368,11 +396,16 @@ def classify_gradients(
     names = list(layer_map.keys())
     mat = (np.stack([np.asarray(layer_map[n], dtype=np.float64)[: x.size] for n in names], axis=1)
            if names else None)
-    out += _window_spikes(x, st, names, mat, loss, th)
+    out += _window_spikes(x, st, names, mat, loss, th, clip_val)
+    exploded = any(v.code == "grad.exploding" for v in out)
     if not final or x.size < th.min_steps:
+        # a run that ended inside a short window still reports norms that grew by orders of
+        # magnitude more than the usual threshold (a blow-up, not noise)
+        if final and not exploded and x.size >= SHORT_WINDOW_STEPS:
+            out += _growth_verdicts(x, st, th, th.growth * SHORT_WINDOW_GROWTH)
         return out
-    if not any(v.code == "grad.exploding" for v in out):
-        out += _growth_verdicts(x, st, th)
+    if not exploded:
+        out += _growth_verdicts(x, st, th, th.growth)
     if mat is not None and len(names) >= 3:
         out += _depth_verdicts(names, mat, int(st[-1]), th)
     out += _ratio_verdicts(update_ratios or {}, int(st[-1]), th)
@@ -395,7 +428,8 @@ def _nonfinite_verdict(x: np.ndarray, st: np.ndarray, i: int, th: GradThresholds
 
 
 def _window_spikes(x: np.ndarray, st: np.ndarray, names: list[str], mat: np.ndarray | None,
-                   loss: Sequence[float] | np.ndarray | None, th: GradThresholds) -> list[Verdict]:
+                   loss: Sequence[float] | np.ndarray | None, th: GradThresholds,
+                   clip_val: float | None) -> list[Verdict]:
     """``grad.spike`` verdicts of a window's (finite) total norms."""
     out = []
     events = [e for e in detect_spikes(x, z=th.spike_z, ratio=th.spike_ratio,
@@ -414,15 +448,17 @@ def _window_spikes(x: np.ndarray, st: np.ndarray, names: list[str], mat: np.ndar
         out.append(spike_verdict(ev, clip=suggest_clip(healthy, th.clip_quantile),
                                  followed=followed, first_layer=first,
                                  first_step=None if first_row is None else int(st[first_row]),
-                                 layer_ratios=ratios, follow_steps=th.follow_steps))
+                                 layer_ratios=ratios, follow_steps=th.follow_steps,
+                                 clip_val=clip_val))
     return out
 
 
-def _growth_verdicts(x: np.ndarray, st: np.ndarray, th: GradThresholds) -> list[Verdict]:
-    """``grad.exploding`` for total norms that grow over the window."""
+def _growth_verdicts(x: np.ndarray, st: np.ndarray, th: GradThresholds,
+                     growth: float) -> list[Verdict]:
+    """``grad.exploding`` for total norms that grow over the window by more than ``growth``."""
     fifth = max(2, x.size // 5)
     head, tail = float(np.median(x[:fifth])), float(np.median(x[-fifth:]))
-    if not (head > 0 and tail > th.growth * head):
+    if not (head > 0 and tail > growth * head):
         return []
     roll = np.lib.stride_tricks.sliding_window_view(x, min(8, x.size)).mean(axis=1)
     cross = np.nonzero(roll > 10 * head)[0]

@@ -182,8 +182,7 @@ def precision_overflow_verdict(run: Localization, ref: Localization, dtype: torc
     return Verdict(
         "numerics.precision_overflow", step,
         f"step {step}: under precision {precision!r} the {where} of "
-        f"{describe_module(root, layer)} became non-finite{values}. Keep that module "
-        f"in float32 (autocast disabled), rescale it, or use bf16.",
+        f"{describe_module(root, layer)} became non-finite{values}.",
         layer=layer,
         evidence={**run.evidence(), "dtype": short_dtype(dtype), "dtype_max": limit,
                   "float32_max_abs": peak32, "float32_loss": ref.loss,

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.nn import functional as F
 
@@ -55,6 +56,8 @@ class ProbeRun:
     targets: Tensor | None = None
     class_dim: int = -1
     all_right: bool | None = None
+    #: the floor comes from a softmax in the loss code (the model returns logits)
+    softmax_in_loss: bool = False
     detached: bool = False
     stopped: str = ""
     #: `training_step` calls the probe made (on the copy, or in place)
@@ -80,23 +83,54 @@ class ProbeConclusion:
     curve: list[list[float]] = field(default_factory=list)
 
 
+def _cross_entropy(output: Tensor, targets: Tensor, class_dim: int,
+                   softmax_first: bool = False) -> float | None:
+    """``F.cross_entropy`` of ``output`` taken as logits (of its softmax with
+    ``softmax_first``), in float64; ``None`` when the shapes do not fit."""
+    try:
+        logits = output.detach().double()
+        if class_dim != 1:
+            logits = logits.movedim(class_dim, 1)
+        if softmax_first:
+            logits = torch.softmax(logits, dim=1)
+        return float(F.cross_entropy(logits, targets.long(), ignore_index=IGNORE_INDEX))
+    except (RuntimeError, ValueError, IndexError):
+        return None
+
+
 def matches_cross_entropy(output: Tensor, targets: Tensor, class_dim: int, loss: float) -> bool:
     """Whether ``loss`` is ``F.cross_entropy`` of ``output`` taken as logits.
 
     Example:
-        >>> import torch
         >>> p, y = torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([0, 1])
         >>> matches_cross_entropy(p, y, -1, float(F.cross_entropy(p, y)))
         True
     """
-    try:
-        logits = output.detach().float()
-        if class_dim != 1:
-            logits = logits.movedim(class_dim, 1)
-        ce = float(F.cross_entropy(logits, targets.long(), ignore_index=IGNORE_INDEX))
-    except (RuntimeError, ValueError, IndexError):
+    ce = _cross_entropy(output, targets, class_dim)
+    return ce is not None and abs(ce - loss) <= 1e-3 * max(1.0, abs(loss))
+
+
+def softmax_in_loss(output: Tensor, targets: Tensor, class_dim: int, loss: float) -> bool:
+    """Whether ``loss`` is ``F.cross_entropy`` of the softmax of ``output`` (logits): a softmax
+    written in the loss code, ``F.cross_entropy(torch.softmax(logits, 1), y)``.
+
+    Decided only when the two readings (logits, probabilities) are told apart: the loss must
+    match the softmax reading to float precision and be clearly off the logits reading (a loss
+    with an extra term, label smoothing or class weights matches neither).
+
+    Example:
+        >>> z, y = torch.randn(16, 10), torch.randint(0, 10, (16,))
+        >>> softmax_in_loss(z, y, -1, float(F.cross_entropy(torch.softmax(z, 1), y)))
+        True
+        >>> softmax_in_loss(z, y, -1, float(F.cross_entropy(z, y)))
+        False
+    """
+    as_logits = _cross_entropy(output, targets, class_dim)
+    as_probs = _cross_entropy(output, targets, class_dim, softmax_first=True)
+    if as_logits is None or as_probs is None or not math.isfinite(loss):
         return False
-    return abs(ce - loss) <= 1e-3 * max(1.0, abs(loss))
+    scale = max(1.0, abs(loss))
+    return abs(as_probs - loss) <= 1e-4 * scale and abs(as_logits - loss) > 2e-3 * scale
 
 
 def set_reference(run: ProbeRun, start: float, targets: Tensor | None, output: Tensor | None, *,
@@ -137,6 +171,9 @@ def set_reference(run: ProbeRun, start: float, targets: Tensor | None, output: T
         floor = probability_floor(output, class_dim)
         if floor is not None and matches_cross_entropy(output, targets, class_dim, start):
             run.floor = floor
+        elif floor is None and softmax_in_loss(output, targets, class_dim, start):
+            run.floor = math.log(math.e + int(output.shape[class_dim]) - 1) - 1
+            run.softmax_in_loss = True
 
 
 def skipped_verdict(why: str) -> Verdict:
@@ -152,12 +189,14 @@ def _numeric_causes(run: ProbeRun, verdict: OverfitVerdict) -> list[str]:
                       "numerics or a learning rate too high (see `numerics.nonfinite_forward`"
                       ", `numerics.nonfinite_loss`, `curve.diverging`)")
     if run.floor is not None and verdict.reason in ("floor", "plateau", "max_steps"):
+        where = ("the loss code applies a softmax to the model's logits before "
+                 "cross-entropy" if run.softmax_in_loss else
+                 "the model's outputs are probabilities (in [0, 1], summing to 1) and the "
+                 "loss is cross-entropy over them")
         causes.append(
-            f"loss bounded away from zero: the model's outputs are probabilities (in [0, 1], "
-            f"summing to 1) and the loss is cross-entropy over them, which applies its own "
-            f"softmax and cannot go below {run.floor:.3f}; remove the softmax in the model "
-            "and pass logits to `F.cross_entropy` (or use `F.nll_loss(torch.log(p), y)`; see "
-            "`overfit.loss_on_probabilities`)")
+            f"loss bounded away from zero: {where}, which applies its own softmax and cannot "
+            f"go below {run.floor:.3f}; pass logits to `F.cross_entropy` (or use "
+            "`F.nll_loss(torch.log(p), y)`; see `overfit.loss_on_probabilities`)")
     return causes
 
 
@@ -321,22 +360,29 @@ def conclude_probe(run: ProbeRun, *, tolerance: float, max_steps: int, min_steps
                   "`grad_fn`, so nothing can be trained (see `wiring.loss_detached`)"]
         detail, failed = _failed(run, causes, evidence, cost, opt_text)
         return ProbeConclusion(True, detail, [failed], outcome, curve)
+    # a probability floor is the bug itself: right predictions do not excuse it
     verdict = judge_memorization(judge_curve(losses, run.target, max_steps, floor=run.floor),
-                                 run.all_right)
+                                 run.all_right if run.floor is None else None)
     evidence.update(best=verdict.best, final=verdict.final, reason=verdict.reason,
                     floor=run.floor, all_predictions_right=run.all_right)
     target_text = (f"{run.target:.3g} ({tolerance:g}x chance {run.chance_text})"
                    if run.chance else f"{run.target:.3g} ({tolerance:g}x the start)")
     floor: list[Verdict] = []
     if run.floor is not None:
+        seen = ("The model's outputs on the probed batch are logits, but the step-0 loss "
+                f"({verdict.start:.6g}) equals `F.cross_entropy` of their softmax, not of "
+                "them: a softmax is applied inside the loss computation"
+                if run.softmax_in_loss else
+                "The model's outputs on the probed batch are already probabilities (in [0, 1], "
+                "summing to 1 over the classes) and the step-0 loss equals `F.cross_entropy` "
+                "of them taken as logits")
         floor.append(Verdict(
             "overfit.loss_on_probabilities", 0,
-            f"The model's outputs on the probed batch are already probabilities (in [0, 1], "
-            f"summing to 1 over the classes) and the step-0 loss equals `F.cross_entropy` "
-            f"of them taken as logits: the loss applies its own log-softmax and cannot go "
+            f"{seen}: the loss applies its own log-softmax to probabilities and cannot go "
             f"below {run.floor:.3f} (the probe's best: {verdict.best:.4g}); its gradients "
             "are squashed too.",
-            evidence={"floor": run.floor, "best": verdict.best, "start": verdict.start}))
+            evidence={"floor": run.floor, "best": verdict.best, "start": verdict.start,
+                      "softmax_in": "loss" if run.softmax_in_loss else "model"}))
     out = _judged(run, verdict, evidence, cost=cost, opt_text=opt_text, target_text=target_text)
     return ProbeConclusion(out.ran, out.detail, floor + out.verdicts, verdict, curve)
 

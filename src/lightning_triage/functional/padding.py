@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss
 
 from lightning_triage.functional.batch import BatchKey, locate_batch
+from lightning_triage.functional.collection import map_tensors
 from lightning_triage.functional.hooks import first_float_tensor
 from lightning_triage.functional.structure import replace_tensor
 
@@ -341,6 +342,40 @@ def more_padding_batch(batch: Any, inputs: Tensor, mask: PaddingMask, extra: int
     return new
 
 
+def fewer_padding_batch(batch: Any, inputs: Tensor, mask: PaddingMask,
+                        most: int) -> tuple[Any, Tensor, int] | None:
+    """``batch`` cut to its padded rows, with ``cut`` fewer padded positions at the padded end:
+    ``(batch, rows, cut)``, or ``None`` when the side is unknown or no row is padded.
+
+    The way to vary the amount of padding of a batch already at the model's maximum length
+    (``max_position_embeddings``): every tensor with the batch's examples on dim 0 keeps the
+    padded rows, and those that also share the ``(N, T)`` leading shape lose ``cut`` (at most
+    ``most``, at most the padding of the least padded row) positions at the padded end.
+
+    Example:
+        >>> x = torch.tensor([[3, 4, 0, 0], [5, 6, 7, 8], [5, 0, 0, 0]])
+        >>> b = {"x": x, "attention_mask": (x != 0).long(), "y": torch.tensor([0, 1, 2])}
+        >>> new, rows, cut = fewer_padding_batch(b, x, find_padding_mask(b, x), most=3)
+        >>> new["x"].tolist(), new["y"].tolist(), rows.tolist(), cut
+        ([[3, 4], [5, 0]], [0, 2], [0, 2], 2)
+    """
+    counts = mask.pad.sum(dim=1)
+    rows = torch.nonzero(counts > 0).flatten()
+    if mask.side is None or rows.numel() == 0:
+        return None
+    n, length = inputs.shape[:2]
+    cut = min(int(counts[rows].min()), most)
+    keep = slice(0, length - cut) if mask.side == "right" else slice(cut, length)
+
+    def shorten(t: Tensor) -> Tensor:
+        if t.dim() == 0 or t.shape[0] != n:
+            return t
+        t = t[rows.to(t.device)]
+        return t[:, keep] if t.dim() >= 2 and t.shape[1] == length else t
+
+    return map_tensors(shorten, batch), rows, cut
+
+
 # ---------------------------------------------------------------------------------------------
 # recording and comparing
 # ---------------------------------------------------------------------------------------------
@@ -475,7 +510,7 @@ def first_moved(before: Recording, after: Recording, real: Tensor, *, offset: in
 class PaddingLeak:
     """The result of one perturbation: what changed, how much, and where it first showed."""
 
-    perturbation: Literal["content", "amount"]
+    perturbation: Literal["content", "amount", "fewer"]
     change: RealChange
     head: str
     first_module: str | None
@@ -484,24 +519,29 @@ class PaddingLeak:
 def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, mask: PaddingMask,
                   *, targets: Tensor | None = None, extra: int | None = None,
                   ignore_index: int = -100, tolerance: float = DEFAULT_PADDING_TOLERANCE,
-                  gate: Callable[[str, bool], bool] | None = None) -> dict[str, Any]:
+                  gate: Callable[[str, bool], bool] | None = None,
+                  pass_errors: tuple[type[Exception], ...] = ()) -> dict[str, Any]:
     """Run the padding probe with ``run(batch) -> Recording`` (the caller resets RNGs).
 
     Runs the batch twice (determinism control), then with other content at the padded
     positions (only when the mask is a batch entry the model can read: a model that finds its
     padding from the pad token id, ``input_ids == pad_id``, would see the new ids as real
     tokens), then (when the padded side is known) with ``extra`` more padded positions (default:
-    ``max(2, T // 2)``).
+    ``max(2, T // 2)``). When the longer batch fails (a model padded to its maximum length,
+    ``max_position_embeddings``, raises on longer inputs), the padded rows are run with fewer
+    padded positions instead (:func:`fewer_padding_batch`).
 
     ``gate(pass_name, ready) -> bool`` is asked before each pass after the first (``"twin"``,
-    ``"content"``, ``"amount"``, always all three, in order) whether to run it; under DDP it
-    returns whether every rank is ready, so that all ranks run the same passes (the user's code
-    may hold collectives). Default: run what is ready.
+    ``"content"``, ``"amount"``, ``"fewer"``, always all four, in order) whether to run it; under
+    DDP it returns whether every rank is ready, so that all ranks run the same passes (the
+    user's code may hold collectives). Default: run what is ready. ``run`` raising one of
+    ``pass_errors`` on a perturbed batch fails that pass only (``"failed"``: pass name ->
+    error), and the passes that ran keep their result.
 
     Returns:
         ``{"status": "ok" | "leak" | "nondeterministic" | "no_head" | "unaligned",
         "leaks": [PaddingLeak...], "head": name, "passes": int, "noise": relative difference of
-        the twin run}``.
+        the twin run, "failed": {pass name: error}}``.
 
     Example:
         >>> class Pool(nn.Module):  # mean over every position: ignores the mask
@@ -531,48 +571,72 @@ def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, m
     twin = run(batch) if ask("twin", head_entry is not None) else None
     passes += twin is not None
     if head_entry is not None and twin is not None:
-        head = head_entry[1]
-        twin_head = twin.head
-        if twin_head is None or twin_head[1].shape != head.shape:
-            result.update(status="nondeterministic", noise=math.inf)
-        else:
-            noise = compare_at_real(head, twin_head[1], mask.real, tolerance=tolerance)
-            if noise is None:
-                result.update(status="unaligned", shape=list(head.shape))
-            else:
-                result["noise"] = noise.relative_diff
-                if noise.moved:
-                    result["status"] = "nondeterministic"
+        result.update(_twin_check(head_entry[1], twin, mask, tolerance))
     elif head_entry is not None:
         result["status"] = "skipped"  # another rank could not run it
     ready = result["status"] == "ok"
+    failed: dict[str, str] = {}
+
+    def attempt(kind: str, make: Callable[[], Any]) -> Recording | None:
+        nonlocal passes
+        passes += 1
+        try:
+            return run(make())
+        except pass_errors as err:  # the passes already run keep their result
+            describe = getattr(err, "describe", None)
+            failed[kind] = describe() if callable(describe) else f"{type(err).__name__}: {err}"
+            return None
+
     leaks: list[PaddingLeak] = []
     k = extra if extra is not None else max(2, inputs.shape[1] // 2)
-    for kind in ("content", "amount"):
-        can = mask.mask is not None if kind == "content" else mask.side is not None
-        if not ask(kind, ready and can):
-            continue
-        if kind == "content":
-            new_batch, offset = pad_content_batch(batch, inputs, mask), 0
-        else:
-            new_batch = more_padding_batch(batch, inputs, mask, k, targets=targets,
-                                           ignore_index=ignore_index)
-            offset = k if mask.side == "left" else 0
-        rec = run(new_batch)
-        passes += 1
-        other = rec.head
-        if other is None or head_entry is None:
-            continue
-        change = compare_at_real(head_entry[1], other[1], mask.real, offset=offset,
-                                 tolerance=tolerance)
-        if change is None or not change.moved:
-            continue
-        where = first_moved(first, rec, mask.real, offset=offset, tolerance=tolerance)
-        leaks.append(PaddingLeak(kind, change, head_entry[0], where))
-    result["passes"] = passes
+    if ask("content", ready and mask.mask is not None):
+        rec = attempt("content", lambda: pad_content_batch(batch, inputs, mask))
+        leaks += _leak("content", first, rec, mask.real, 0, tolerance)
+    if ask("amount", ready and mask.side is not None):
+        rec = attempt("amount", lambda: more_padding_batch(batch, inputs, mask, k, targets=targets,
+                                                          ignore_index=ignore_index))
+        leaks += _leak("amount", first, rec, mask.real, k if mask.side == "left" else 0, tolerance)
+    # more padding did not run (a model at its maximum length): compare with less padding
+    fewer = fewer_padding_batch(batch, inputs, mask, k) if "amount" in failed else None
+    if ask("fewer", ready and fewer is not None) and fewer is not None:
+        short, rows, cut = fewer
+        rec = attempt("fewer", lambda: short)
+        kept = Recording([(name, i, t[rows.to(t.device)]) for name, i, t in first.outputs])
+        real = mask.real[rows][:, :-cut] if mask.side == "right" else mask.real[rows][:, cut:]
+        if rec is not None:
+            result["fewer"] = cut
+            leaks += _leak("fewer", rec, kept, real, cut if mask.side == "left" else 0, tolerance)
+    result.update(passes=passes, failed=failed)
     if leaks:
         result.update(status="leak", leaks=leaks)
     return result
+
+
+def _twin_check(head: Tensor, twin: Recording, mask: PaddingMask,
+                tolerance: float) -> dict[str, Any]:
+    """The result entries of the determinism control: the same batch run twice."""
+    twin_head = twin.head
+    if twin_head is None or twin_head[1].shape != head.shape:
+        return {"status": "nondeterministic", "noise": math.inf}
+    noise = compare_at_real(head, twin_head[1], mask.real, tolerance=tolerance)
+    if noise is None:
+        return {"status": "unaligned", "shape": list(head.shape)}
+    return {"noise": noise.relative_diff,
+            **({"status": "nondeterministic"} if noise.moved else {})}
+
+
+def _leak(kind: Literal["content", "amount", "fewer"], base: Recording, other: Recording | None,
+          real: Tensor, offset: int, tolerance: float) -> list[PaddingLeak]:
+    """``[PaddingLeak]`` when the head output of ``other`` moved from ``base``'s at the real
+    positions, else ``[]``."""
+    a, b = base.head, other.head if other is not None else None
+    if a is None or b is None or other is None:
+        return []
+    change = compare_at_real(a[1], b[1], real, offset=offset, tolerance=tolerance)
+    if change is None or not change.moved:
+        return []
+    return [PaddingLeak(kind, change, a[0], first_moved(base, other, real, offset=offset,
+                                                        tolerance=tolerance))]
 
 
 __all__ = [
@@ -583,6 +647,7 @@ __all__ = [
     "RealChange",
     "Recording",
     "compare_at_real",
+    "fewer_padding_batch",
     "find_padding_mask",
     "first_moved",
     "more_padding_batch",

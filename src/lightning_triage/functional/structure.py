@@ -277,6 +277,58 @@ def is_next_token(inputs: Tensor | None, targets: Tensor | None, ignore_index: i
     return bool((shifted_targets[kept] == shifted_inputs[kept]).all())
 
 
+def labels_are_inputs(inputs: Tensor | None, targets: Tensor | None,
+                      ignore_index: int = -100) -> bool:
+    """Whether the targets are the inputs themselves (``labels = input_ids``, the convention of
+    a language model that shifts inside its loss), ``ignore_index`` only at a padded end.
+
+    A masked-LM batch (``ignore_index`` scattered, masked inputs) is not.
+
+    Example:
+        >>> ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]])
+        >>> labels_are_inputs(ids, ids.masked_fill(ids == 0, -100))
+        True
+        >>> labels_are_inputs(ids, torch.tensor([[-100, 6, -100, -100], [8, -100, -100, -100]]))
+        False
+    """
+    if inputs is None or targets is None or inputs.shape != targets.shape:
+        return False
+    if inputs.dim() != 2 or inputs.shape[1] < 2 or inputs.is_floating_point() \
+            or targets.is_floating_point():
+        return False
+    kept = targets != ignore_index
+    if not bool(kept.any()) or not bool((targets[kept] == inputs[kept]).all()):
+        return False
+    ignored = (~kept).long()
+    # no ignored position, or one padded end per row: never back from ignored to kept (or the
+    # reverse) along a row
+    return bool((ignored[:, 1:] >= ignored[:, :-1]).all() or (ignored[:, 1:] <= ignored[:, :-1]).all())
+
+
+def target_shift(inputs: Tensor, target: Tensor, ignore_index: int = -100) -> int | None:
+    """By how many positions a target tensor given to a loss leads the inputs: ``1`` when
+    ``target[:, t] == inputs[:, t + 1]`` (next-token: the labels were shifted), ``0`` when it is
+    the inputs themselves, ``None`` for neither (``ignore_index`` entries skipped; a flattened
+    target is read as ``(N, -1)``).
+
+    Example:
+        >>> ids = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]])
+        >>> target_shift(ids, ids[:, 1:].reshape(-1)), target_shift(ids, ids), target_shift(ids, ids.flip(1))
+        (1, 0, None)
+    """
+    n, length = inputs.shape[:2]
+    if target.is_floating_point() or target.numel() == 0 or target.numel() % n:
+        return None
+    rows = target.reshape(n, -1)
+    for shift in (1, 0):
+        span = min(rows.shape[1], length - shift)
+        part, seen = rows[:, :span], inputs[:, shift:shift + span].to(rows.device)
+        kept = part != ignore_index
+        if span > 0 and bool(kept.any()) and bool((part[kept] == seen[kept]).all()):
+            return shift
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # target leak
 # ---------------------------------------------------------------------------------------------
@@ -462,7 +514,8 @@ class LossWatch(TorchFunctionMode):
     It records elementwise operations (``-``, ``F.mse_loss``...) between the targets (or tensors
     computed only from them, such as ``y.float()``) and another tensor whose shapes broadcast to
     something larger than both (``events``), the predictions given to loss functions with
-    the targets (``loss_inputs``: ``(function name, tensor)``, graph kept), and how often the
+    the targets (``loss_inputs``: ``(function name, tensor)``, graph kept; ``loss_targets``: the
+    target tensors they were given, as derived from the targets), and how often the
     targets were used as targets (``target_uses``: given to a loss function, or combined
     elementwise with a tensor that requires grad, such as ``pred - y``).
 
@@ -481,6 +534,7 @@ class LossWatch(TorchFunctionMode):
         self.events: list[BroadcastEvent] = []
         self._derived: dict[int, Tensor] = {}
         self.loss_inputs: list[tuple[str, Tensor]] = []
+        self.loss_targets: list[Tensor] = []
         self.target_uses = 0
 
     def _is_derived(self, t: Tensor) -> bool:
@@ -508,6 +562,8 @@ class LossWatch(TorchFunctionMode):
         if func in _LOSSES and len(tensors) >= 2 and any(derived[1:]) and not derived[0] \
                 and len(self.loss_inputs) < self.max_events:
             self.loss_inputs.append((getattr(func, "__name__", str(func)), tensors[0]))
+            target = next(t for t, d in zip(tensors[1:], derived[1:], strict=True) if d)
+            self.loss_targets.append(target.detach())
         if func in _ELEMENTWISE and len(tensors) >= 2 and any(derived[:2]) \
                 and not all(derived[:2]) and len(self.events) < self.max_events:
             target, prediction = (tensors[0], tensors[1]) if derived[0] else (tensors[1], tensors[0])
@@ -532,6 +588,7 @@ __all__ = [
     "causal_leak",
     "example_dependence",
     "is_next_token",
+    "labels_are_inputs",
     "output_change",
     "pairwise_output",
     "parse_size_warning",
@@ -540,4 +597,5 @@ __all__ = [
     "redraw_targets",
     "replace_tensor",
     "same_storage",
+    "target_shift",
 ]

@@ -22,7 +22,9 @@ from lightning_triage.functional.structure import (
     OutputChange,
     broadcast_mismatch,
     is_next_token,
+    labels_are_inputs,
     parse_size_warning,
+    target_shift,
 )
 from lightning_triage.functional.verdict import Verdict
 
@@ -98,9 +100,7 @@ def target_leak(head_label: str, head_name: str | None, layer: str | None,
         f"The output of `{head_label}` changed when only the targets "
         f"changed ({redrawn}, inputs unchanged){' ' + where if where else ''}: max |diff| "
         f"{change.max_abs_diff:.4g} ({change.relative_diff:.3g} of its scale), "
-        f"{100 * change.fraction_changed:.0f}% of the compared values changed. The targets "
-        "reach the forward pass: feed the decoder the targets shifted right and keep labels "
-        "out of the features (expected only for label-conditioned models).",
+        f"{100 * change.fraction_changed:.0f}% of the compared values changed.",
         layer=layer,
         evidence={"module": head_name, "compared": change.compared,
                   "max_abs_diff": change.max_abs_diff, "relative_diff": change.relative_diff,
@@ -138,10 +138,7 @@ def batch_mixing(label: str, layer: str | None, first: str | None, where: str,
         "structure.batch_mixing", 0,
         f"In eval mode {label} for example 0 depends on the inputs of other examples: "
         f"gradient norm {mix.other_grad_norm:.3g} reaches them (largest: example "
-        f"{mix.worst_example}) vs {mix.own_grad_norm:.3g} for its own input. An operation "
-        "mixes the batch dimension: a softmax/log_softmax or normalization over `dim=0`, a "
-        "`view`/`reshape` that merges the batch with another dimension, or batch and "
-        f"sequence dimensions swapped.{where}",
+        f"{mix.worst_example}) vs {mix.own_grad_norm:.3g} for its own input.{where}",
         layer=layer,
         evidence={"output": label, "first_module": first, "example": 0,
                   "own_grad_norm": mix.own_grad_norm,
@@ -175,9 +172,12 @@ def causal_leak(head_label: str, layer: str | None, first: str | None, where: st
 
 
 def causal_reason(causal: bool | None, inputs: Tensor, targets: Tensor | None,
-                  ignore_index: int) -> str | None:
-    """Why the causal probe runs: ``causal=True``, or (``causal=None``) next-token data;
-    ``None``: it does not.
+                  ignore_index: int, loss_targets: Sequence[Tensor] = ()) -> str | None:
+    """Why the causal probe runs: ``causal=True``, or (``causal=None``) next-token data: the
+    targets are the inputs shifted by one, or the targets are the inputs (``labels =
+    input_ids``) and a loss was given them shifted by one (``loss_targets``, as
+    :class:`~lightning_triage.functional.structure.LossWatch` saw them: the model shifts
+    inside); ``None``: it does not.
 
     Example:
         >>> import torch
@@ -193,6 +193,12 @@ def causal_reason(causal: bool | None, inputs: Tensor, targets: Tensor | None,
         return (f"next-token data: targets[:, :-1] == inputs[:, 1:] on the probed batch "
                 f"({targets.shape[0]} sequences of {targets.shape[1]} tokens), so the model must "
                 "be causal")
+    if causal is None and labels_are_inputs(inputs, targets, ignore_index) and any(
+            target_shift(inputs, t, ignore_index) == 1 for t in loss_targets):
+        assert targets is not None
+        return (f"next-token data: the targets are the inputs (`labels = input_ids`, "
+                f"{targets.shape[0]} sequences of {targets.shape[1]} tokens) and the loss "
+                "compares each position with the next token, so the model must be causal")
     return None
 
 
@@ -230,8 +236,8 @@ def padding_leak(head_label: str, first_label: str, head: str, mask: PaddingMask
     (or pooled) when only the padding changed (``leaks``, one per perturbation)."""
     parts = []
     for leak in leaks:
-        what = ("other token ids at the padded positions" if leak.perturbation == "content"
-                else "more padded positions")
+        what = {"content": "other token ids at the padded positions",
+                "amount": "more padded positions"}.get(leak.perturbation, "fewer padded positions")
         where = "at the real positions" if leak.change.compared == "positions" else "(pooled)"
         parts.append(f"{what} moved it {where} by up to {leak.change.max_abs_diff:.3g} "
                      f"({100 * leak.change.relative_diff:.3g}% of its largest value)")
@@ -241,9 +247,7 @@ def padding_leak(head_label: str, first_label: str, head: str, mask: PaddingMask
     return Verdict(
         "structure.padding_leak", 0,
         f"The output of `{head_label}` depends on the padding "
-        f"(mask {mask.source}): {'; '.join(parts)}.{where_msg} Pass the padding mask to "
-        "attention (`key_padding_mask`), pool over the real positions only (masked mean) "
-        "and keep padded positions out of the loss (`ignore_index`).",
+        f"(mask {mask.source}): {'; '.join(parts)}.{where_msg}",
         layer=first or None,
         evidence={"mask": mask.source, "side": mask.side, "first_module": first,
                   "head": head,

@@ -1,7 +1,8 @@
 """Module hooks recording one run of the user's code for a probe: a shape trace, the model's
 head output, the module that embeds integer inputs, the first module called on floats
-(:class:`ModuleRecorder`); and hooks that make what the model receives an autograd leaf
-(:func:`replace_input`, :func:`replace_output`)."""
+(:class:`ModuleRecorder`); every module call's input and output (:class:`CallTrace`); and hooks
+that make what the model receives an autograd leaf (:func:`replace_input`,
+:func:`replace_output`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss
 
+from lightning_triage.functional.eval_contracts import ModuleCall
 from lightning_triage.functional.hooks import first_float_tensor
 from lightning_triage.functional.structure import replace_tensor, same_storage
 
@@ -162,6 +164,52 @@ class ModuleRecorder:
                 handle.remove()
 
 
+class CallTrace:
+    """Temporary forward hooks recording, for every module call in completion order, its name,
+    type, training flag and detached copies of its first floating input and output (at most
+    ``max_calls`` calls): two passes are then compared call by call
+    (:func:`~lightning_triage.functional.eval_contracts.first_divergence`)."""
+
+    def __init__(self, max_calls: int = MAX_TRACE) -> None:
+        self.max_calls = max_calls
+        self.calls: list[ModuleCall] = []
+        self._inputs: dict[int, list[Tensor | None]] = {}
+
+    @contextmanager
+    def attached(self, module: nn.Module) -> Iterator[CallTrace]:
+        handles = []
+
+        def pre(mod: nn.Module, args: Any, kwargs: Any) -> None:
+            first = _first_tensor_arg(args, kwargs)
+            keep = first is not None and first.is_floating_point()
+            self._inputs.setdefault(id(mod), []).append(
+                first.detach().clone() if keep and first is not None else None)
+
+        def post(name: str) -> Any:
+            def fn(mod: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+                stack = self._inputs.get(id(mod))
+                inputs = stack.pop() if stack else None
+                if len(self.calls) >= self.max_calls:
+                    return
+                out = first_float_tensor(output)
+                self.calls.append(ModuleCall(name, type(mod).__name__, mod.training, inputs,
+                                             None if out is None else out.detach().clone()))
+            return fn
+
+        try:
+            for name, sub in module.named_modules():
+                try:
+                    handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
+                    handles.append(sub.register_forward_hook(post(name), with_kwargs=True))
+                except RuntimeError:  # a ScriptModule takes no hooks: it is not traced
+                    continue
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+            self._inputs = {}
+
+
 def _first_tensor_arg(args: Any, kwargs: Mapping[str, Any]) -> Tensor | None:
     for v in (*args, *kwargs.values()):
         if isinstance(v, Tensor):
@@ -258,5 +306,6 @@ def plan_leaf(module: nn.Module, batch: Any, inputs: Tensor,
     return None
 
 
-__all__ = ["MAX_LOCALIZE", "MAX_TRACE", "LeafPlan", "ModuleRecorder", "plan_leaf", "replace_input",
+__all__ = ["MAX_LOCALIZE", "MAX_TRACE", "CallTrace", "LeafPlan", "ModuleRecorder", "plan_leaf",
+           "replace_input",
            "replace_output"]

@@ -52,8 +52,7 @@ def unknown_structure_rule(batch: Any, note: str | None,
     return Verdict(
         "data.unknown_batch_structure", None,
         f"The batch's inputs could not be found ({note}; batch type `{type(batch).__name__}`), so "
-        "the data checks did not run. Pass `input_key=` and `target_key=` (a key, an index or a "
-        "callable) to `BatchInspector`.",
+        "the data checks did not run.",
         evidence={"batch_type": type(batch).__name__, "tensors": [n for n, _ in tensors][:16]})
 
 
@@ -72,12 +71,11 @@ def nonfinite_rule(t: Tensor, summary: TensorSummary, *, target: bool, split: st
         ('data.nonfinite_input', 1)
     """
     example = first_nonfinite_example(t)
-    code, what = ("data.nonfinite_target", "targets") if target else ("data.nonfinite_input", "inputs")
+    code = "data.nonfinite_target" if target else "data.nonfinite_input"
     return Verdict(
         code, step,
         f"{where} (step {step}): `{summary.name}` ({_shape(t)}) holds {summary.nan} NaN and "
-        f"{summary.inf} Inf values of {summary.numel} (first in example {example}). The model's "
-        f"{what} must be finite: trace that example back through the dataset and its transforms.",
+        f"{summary.inf} Inf values of {summary.numel} (first in example {example}).",
         evidence={"split": split, "tensor": summary.name, "nan": summary.nan, "inf": summary.inf,
                   "numel": summary.numel, "first_example": example, "batch_idx": batch_idx})
 
@@ -135,8 +133,7 @@ def constant_rule(x: Tensor, s: TensorSummary, *, split: str, where: str, batch_
     return Verdict(
         "data.constant_input", step,
         f"{where} (step {step}): `{s.name}` ({_shape(x)}) is identical for all {x.shape[0]} "
-        f"examples (min {_fmt(s.min)}, max {_fmt(s.max)}): the model cannot learn from it. Check "
-        "the dataset indexing, the collate function and transforms that overwrite the input.",
+        f"examples (min {_fmt(s.min)}, max {_fmt(s.max)}).",
         evidence={"split": split, "batch_idx": batch_idx, "tensor": s.name,
                   "examples": int(x.shape[0]), "min": s.min, "max": s.max})
 
@@ -212,16 +209,13 @@ def imbalance_rule(counts: Mapping[int, int], batch_classes: list[tuple[int, int
             f"{result.one_class_batches} of the first {result.batches} training batches hold a "
             f"single class, where a shuffled loader would give a share of "
             f"{result.expected_one_class:.2g} with this class mix (counts {dist}): the loader is "
-            "not shuffled over data sorted by class. Pass `shuffle=True` (or a shuffling sampler) "
-            "to the training `DataLoader`.",
+            "not shuffled over data sorted by class.",
             evidence=evidence)
     if result.dominated:
         return Verdict(
             "data.class_imbalance", None,
             f"Class {result.dominant} is {result.share:.0%} of the {total} training targets seen "
-            f"in the first {batches} batches (counts {dist}). Judge the loss against the class "
-            "prior, not uniform chance; if unexpected, check the sampler and the labels; else use "
-            "class weights or a balanced sampler.",
+            f"in the first {batches} batches (counts {dist}).",
             evidence=evidence)
     return None
 
@@ -237,9 +231,7 @@ def misalignment_rule(result: LabelSignal) -> Verdict | None:
         f"1-nearest-neighbour probe scores {result.knn:.3f} (shuffled labels: "
         f"{result.knn_null:.3f}, z = {result.z_knn:.1f}) and a nearest-centroid probe "
         f"{result.centroid:.3f} (shuffled: {result.centroid_null:.3f}, z = "
-        f"{result.z_centroid:.1f}). Check that inputs and labels are indexed together (shuffled "
-        "separately? sorted differently? an off-by-one join?). A genuinely near-unpredictable "
-        "task looks the same: then ignore this.",
+        f"{result.z_centroid:.1f}).",
         evidence=result.to_dict())
 
 
@@ -261,8 +253,7 @@ def shift_rule(result: Shift, train_examples: int, val_examples: int) -> Verdict
         f"{result.std_ratio:.2f} (medians over {result.features} features; train mean "
         f"{result.train_mean:.3g} std {result.train_std:.3g}, validation mean "
         f"{result.val_mean:.3g} std {result.val_std:.3g}; {train_examples} training and "
-        f"{val_examples} validation examples). Apply the same preprocessing (normalization, "
-        "scaling, resizing) to both splits.",
+        f"{val_examples} validation examples).",
         evidence={"mean_shift": result.mean_shift, "std_ratio": result.std_ratio,
                   "features": result.features, "train_mean": result.train_mean,
                   "val_mean": result.val_mean, "train_std": result.train_std,
@@ -289,9 +280,7 @@ def duplicates_rule(n: int, repeats: int, largest: int, *, per_example: int, fra
     return Verdict(
         "data.duplicate_samples", step,
         f"{where} (step {step}): {repeats} of the {n} examples of `{name}` repeat another example "
-        f"of the batch (only {n - repeats} distinct, the largest group of copies holds {largest})."
-        " Check the dataset indexing and the collate function (an example repeated, a broadcast "
-        "instead of a stack).",
+        f"of the batch (only {n - repeats} distinct, the largest group of copies holds {largest}).",
         evidence={"split": split, "batch_idx": batch_idx, "tensor": name, "examples": n,
                   "repeats": repeats, "distinct": n - repeats, "largest_group": largest})
 
@@ -305,9 +294,7 @@ def repeated_batch_rule(previous: tuple[int, int] | None, n: int, largest: int, 
     return Verdict(
         "data.repeated_batch", step,
         f"{where} (step {step}) is identical to training batch {previous[0]} (step {previous[1]}) "
-        f"of the same epoch: all {n} examples of `{name}`, in the same order. The loader yields "
-        "the same batch again: check the sampler and the dataset's `__getitem__` (a fixed index, "
-        "a cached batch).",
+        f"of the same epoch: all {n} examples of `{name}`, in the same order.",
         evidence={"batch_idx": batch_idx, "same_as_batch": previous[0],
                   "same_as_step": previous[1], "examples": n, "tensor": name, "epoch": epoch})
 

@@ -1,0 +1,145 @@
+"""Writing report files safely: atomically, one run's files together, and telling when the files
+beside a report come from another run.
+
+- Each file is written to a temporary name in its directory, flushed to disk, then moved onto
+  its name with :func:`os.replace`: a reader sees the old file or the new one, never a torn one;
+  a failed write (a full disk) leaves the previous file as it was; a symlink at the name is
+  replaced, not followed.
+- The files of one report are moved into place together under a lock on the directory
+  (``.triage_report.lock``, :func:`fcntl.flock` where the platform has it), so two writers to
+  one directory never leave a mix; each file carries the report's ``run.run_id``.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> write_files({d / "a.txt": "one", d / "b.txt": "two"})
+    >>> (d / "a.txt").read_text(), sorted(p.name for p in d.iterdir())
+    ('one', ['.triage_report.lock', 'a.txt', 'b.txt'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+try:  # POSIX; elsewhere the files are still written atomically, one by one
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_NAME = ".triage_report.lock"
+_RUN_ID = re.compile(r'lightning-triage-run-id(?:: |" content=")([0-9A-Za-z_-]{1,64})')
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def stage(path: Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to a new temporary file beside ``path`` and flush it to disk;
+    return its name. The caller moves it into place (:func:`os.replace`) or removes it."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:  # O_EXCL: never opens an existing file or a symlink planted at the name
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:  # pragma: no cover - 48 random bits
+            continue
+        break
+    try:
+        try:
+            _write_all(fd, text.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+@contextlib.contextmanager
+def directory_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (its ``.triage_report.lock``) while inside."""
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def write_files(files: Mapping[Path, str]) -> None:
+    """Write every ``path: text`` of ``files`` (all in one directory) atomically, and move them
+    into place together, in the given order, under the directory's lock.
+
+    Raises:
+        OSError: when a file cannot be written; the files already there are left as they were.
+    """
+    staged: dict[Path, Path] = {}
+    try:
+        for path, text in files.items():
+            staged[path] = stage(path, text)
+        directory = next(iter(files)).parent
+        with directory_lock(directory):
+            for path in list(staged):
+                os.replace(staged.pop(path), path)
+    finally:
+        for tmp in staged.values():
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write one file atomically (a temporary file moved onto ``path``)."""
+    tmp = stage(path, text)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def run_id_marker(run_id: str, kind: str) -> str:
+    """The line that carries ``run_id`` in a Markdown (``kind="md"``) or HTML file."""
+    if kind == "md":
+        return f"<!-- lightning-triage-run-id: {run_id} -->"
+    return f'<meta name="lightning-triage-run-id" content="{run_id}">'
+
+
+def read_run_id(path: Path) -> str | None:
+    """The run id a Markdown or HTML report carries in its first 4 KiB, or ``None``."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return None
+    match = _RUN_ID.search(head)
+    return match.group(1) if match else None
+
+
+def other_runs(json_path: Path, run_id: str | None, names: tuple[str, ...]) -> list[Path]:
+    """The files ``names`` beside ``json_path`` that exist but were not written with the report
+    of ``run_id`` (nothing to tell when the report has no run id: written before ids)."""
+    if not run_id:
+        return []
+    out = []
+    for name in names:
+        path = json_path.with_name(name)
+        if path.is_file() and read_run_id(path) != run_id:
+            out.append(path)
+    return out
+
+
+__all__ = ["directory_lock", "other_runs", "read_run_id", "run_id_marker", "stage",
+           "write_file", "write_files"]
