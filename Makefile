@@ -27,7 +27,7 @@ demo: $(VENV)/.demo-installed
 	$(PY) -m lightning_triage demo
 
 lint: $(VENV)/.dev-installed
-	$(PY) -m ruff check src tests docs benchmarks
+	$(PY) -m ruff check src tests docs benchmarks examples
 	$(PY) -m mypy
 
 unit: $(VENV)/.dev-installed
@@ -39,7 +39,7 @@ docs: $(VENV)/.dev-installed
 
 test: lint docs unit
 
-# the long real-trajectory tests on more seeds (left out of `make test`, see pyproject's addopts)
+# the real-trajectory tests on more seeds alone (`make test` runs them too)
 test-slow: $(VENV)/.dev-installed
 	$(PY) -m pytest -q -m slow
 

@@ -29,6 +29,8 @@ def type_name(hint: Any) -> str:
         return "None"
     if hint is Any:
         return "Any"
+    if hint is Ellipsis:
+        return "..."
     if origin is Literal:
         return " | ".join(f'"{a}"' if isinstance(a, str) else repr(a) for a in args)
     if origin in (Union, types.UnionType):
@@ -43,8 +45,18 @@ def type_name(hint: Any) -> str:
 
 
 def _markdown(text: str) -> str:
-    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)  # :class:`X` -> `X`
-    return text.replace("``", "`").replace("|", "\\|")
+    """Docstring text as the text of a table cell: reST roles and double backticks become code
+    spans; a pipe outside a code span is escaped (inside one it does not split the cell in
+    Python-Markdown's tables, and a backslash there would show)."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text).replace("``", "`")  # :class:`X` -> `X`
+    parts = re.split(r"(`[^`]*`)", text)
+    return "".join(p if p.startswith("`") else p.replace("|", "\\|") for p in parts)
+
+
+def summary(cls: type) -> str:
+    """The first paragraph of the class docstring, on one line."""
+    paragraph = (inspect.getdoc(cls) or "").split("\n\n")[0]
+    return " ".join(line.strip() for line in paragraph.splitlines())
 
 
 def arg_docs(cls: type) -> dict[str, str]:
@@ -91,8 +103,7 @@ def tables() -> str:
     parts = []
     for name in CLASSES:
         cls = getattr(lightning_triage, name)
-        summary = (inspect.getdoc(cls) or "").splitlines()[0]
-        lines = [f"### `{name}`", "", _markdown(summary), "",
+        lines = [f"### `{name}`", "", _markdown(summary(cls)), "",
                  "| argument | type | default | meaning |", "|---|---|---|---|"]
         for arg, kind, default, doc in rows(cls):
             # a pipe inside a code span does not split a cell (Python-Markdown's tables)

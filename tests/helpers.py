@@ -26,9 +26,10 @@ def make_trainer(tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> pl.Trai
 
 
 def seeds(n: int = 3) -> list[Any]:
-    """Seeds for a test on a free-running training trajectory: seed 0 in every run, seeds
-    1..n-1 in the slow lane (``make test-slow``). Its asserts hold with margins measured on all
-    of them, under ``ATEN_CPU_CAPABILITY=default``, ``avx2`` and the native kernels."""
+    """Seeds for a test on a free-running training trajectory: seed 0, and seeds 1..n-1 marked
+    ``slow`` (run by default; ``-m 'not slow'`` leaves them out). Its asserts hold with margins
+    measured on all of them, under ``ATEN_CPU_CAPABILITY=default``, ``avx2`` and the native
+    kernels."""
     return [0, *(pytest.param(s, marks=pytest.mark.slow, id=str(s)) for s in range(1, n))]
 
 
@@ -64,3 +65,36 @@ def fit_ddp_spawn(make: Callable[[], pl.Trainer], *fit_args: Any) -> pl.Trainer:
         trainer = make()
         trainer.fit(*fit_args)
     return trainer
+
+
+#: The checks that read every step (or the first batches) of a healthy run and, finding
+#: nothing, report ``passed``: a silent test asserts they ran, not only that they said nothing.
+WATCHES = ("BatchInspector", "LossCurveMonitor", "GradientMonitor", "NonFiniteTracer")
+#: The fit-start checks a healthy classifier passes.
+FIT_START = ("InitialLossCheck", "GradientWiringCheck", "OverfitBatchCheck")
+
+
+def check_statuses(source: Any) -> dict[str, str]:
+    """``{check: status}`` of a report dict, of ``Triage`` (or ``TriageReport``) after fit, or
+    of one check callback (``passed``, ``failed``, ``skipped``, ``error``)."""
+    if hasattr(source, "check_status"):
+        entry = source.check_status()
+        return {entry["check"]: entry["status"]}
+    report = source if isinstance(source, dict) else source.report.report
+    return {c["check"]: c["status"] for c in report["checks"]}
+
+
+def assert_ran_and_passed(source: Any, *checks: str) -> None:
+    """Each of ``checks`` (default: every check of ``source``) ran and found no problem: its
+    status is ``passed``, not ``skipped`` (never ran) nor ``failed``. For a report, the curve and
+    gradient watches must also have recorded their series (they read every step)."""
+    statuses = check_statuses(source)
+    wanted = checks or tuple(statuses)
+    wrong = {c: statuses.get(c, "absent") for c in wanted if statuses.get(c) != "passed"}
+    assert not wrong, f"did not run, or found a problem: {wrong}"
+    if not hasattr(source, "check_status"):
+        report = source if isinstance(source, dict) else source.report.report
+        series = report.get("series", {})
+        for check, name in (("LossCurveMonitor", "train_loss"), ("GradientMonitor", "grad_norm")):
+            if check in wanted:
+                assert series.get(name), f"{check} recorded no {name}"

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 pytest.importorskip("jsonargparse")
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.cli import LightningCLI
 
 from lightning_triage import GradientMonitor, OverfitBatchCheck, Triage, TriageGateError
@@ -88,7 +89,50 @@ def test_shipped_config_passes_a_healthy_run(tmp_path: Path, monkeypatch: pytest
     monkeypatch.chdir(tmp_path)
     run_cli(tmp_path, (ROOT / "configs" / "triage.yaml").read_text())
     report = json.loads((tmp_path / "runs" / "triage" / "triage_report.json").read_text())
-    assert not [f for f in report["findings"] if f["severity"] == "error"]
+    assert not [f for f in report["findings"] if f["severity"] in ("error", "warning")]
+    status = {c["check"]: c["status"] for c in report["checks"]}
+    for check in ("BatchInspector", "InitialLossCheck", "GradientWiringCheck", "OverfitBatchCheck",
+                  "EvalModeCheck", "LossCurveMonitor", "GradientMonitor", "NonFiniteTracer"):
+        assert status[check] == "passed", (check, status)  # the checks ran, and found nothing
+    assert "overfit.passed" in {f["code"] for f in report["findings"]}
+
+
+PROJECT = """
+trainer:
+  {key}:
+    - class_path: lightning.pytorch.callbacks.EarlyStopping
+      init_args: {{monitor: val_loss}}
+"""
+
+
+def callbacks_of(tmp_path: Path, *configs: str) -> list[type]:
+    args = []
+    for i, text in enumerate(configs):
+        path = tmp_path / f"config{i}.yaml"
+        path.write_text(text)
+        args.append(f"--config={path}")
+    cli = LightningCLI(CLIDigits, DigitsData, run=False, save_config_callback=None, args=[
+        *args, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"])
+    return [type(cb) for cb in cli.trainer.callbacks]
+
+
+@pytest.mark.parametrize(("key", "triage_last"), [("callbacks", True), ("callbacks+", True),
+                                                  ("callbacks+", False)])
+def test_shipped_config_keeps_the_projects_callbacks(tmp_path: Path, key: str,
+                                                     triage_last: bool) -> None:
+    """configs/triage.yaml appends (`callbacks+:`): after a project's config, or before one that
+    appends too, both the project's callbacks and Triage are kept (docs/templates.md)."""
+    shipped = (ROOT / "configs" / "triage.yaml").read_text()
+    project = PROJECT.format(key=key)
+    kinds = callbacks_of(tmp_path, *((project, shipped) if triage_last else (shipped, project)))
+    assert EarlyStopping in kinds and Triage in kinds, kinds
+
+
+def test_a_plain_callbacks_list_after_the_shipped_config_replaces_it(tmp_path: Path) -> None:
+    """What docs/templates.md warns about: a later plain `callbacks:` replaces the list."""
+    kinds = callbacks_of(tmp_path, (ROOT / "configs" / "triage.yaml").read_text(),
+                         PROJECT.format(key="callbacks"))
+    assert EarlyStopping in kinds and Triage not in kinds
 
 
 def test_keyword_only_arguments_and_their_names_from_yaml(tmp_path: Path) -> None:

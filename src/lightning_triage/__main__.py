@@ -157,9 +157,19 @@ def _diff(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return _exit(b, args.fail_on)
 
 
+def _demo_epilog() -> str:
+    """The demo's scenarios, each with the finding it demonstrates, and where reports go."""
+    from lightning_triage.demo import SCENARIOS
+
+    width = max(len(s.name) for s in SCENARIOS)
+    lines = [f"  {s.name:<{width}}  {s.expect or 'nothing to fix (healthy)'}" for s in SCENARIOS]
+    return ("scenarios (and the finding each demonstrates):\n" + "\n".join(lines) + "\n\n"
+            "Each scenario writes triage_report.json, .md and .html to REPORT_ROOT/<scenario>/.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="lightning-triage", description=__doc__,
+        prog="lightning-triage", description=(__doc__ or "").replace("\n::\n", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     fail_help = ("exit 1 when findings at this severity or worse are present "
@@ -178,9 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("b", help="the newer report (JSON or directory)")
     diff.add_argument("--fail-on", choices=FAIL_CHOICES, default="error",
                       help="exit 1 when B has findings at this severity or worse")
-    demo = sub.add_parser("demo", help="train small models on digits and show the diagnoses")
-    demo.add_argument("scenarios", nargs="*", help="scenario names (default: all)")
-    demo.add_argument("--report-root", default=None, help="where to write the reports")
+    demo = sub.add_parser("demo", help="train small models on digits and show the diagnoses",
+                          epilog=_demo_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("scenarios", nargs="*", help="scenario names (default: all; listed below)")
+    demo.add_argument("--report-root", default=None,
+                      help="where to write the reports, one directory per scenario (default: a "
+                           "new temporary directory, named at the end)")
     return parser
 
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from lightning_triage import BatchInspector, InitialLossCheck, Triage, TriageReport
 from lightning_triage.demo.digits import DigitsMLP, load_digits_tensors
 from lightning_triage.report import REPORT_SCHEMA
-from tests.helpers import codes, loader, make_trainer, stage_codes
+from tests.helpers import assert_ran_and_passed, codes, loader, make_trainer, stage_codes
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +199,8 @@ def test_regression_targets_are_silent(tmp_path, digits):
         loader(xv, regression_targets(xv)), [bi], limit_train_batches=6, num_sanity_val_steps=1)
     assert stage_codes(bi.findings, "data") == set()
     assert bi.classes is None
+    assert_ran_and_passed(bi)
+    assert bi.train_inspected == 6
 
 
 class CountRegressor(Regressor):
@@ -215,6 +217,8 @@ def test_integer_regression_targets_are_not_classes(tmp_path, digits):
         limit_train_batches=4)
     assert "data.target_out_of_range" not in codes(bi.findings)
     assert bi.classes is None
+    assert_ran_and_passed(bi)
+    assert bi.train_inspected == 4
 
 
 class Embedder(Regressor):
@@ -247,6 +251,7 @@ def test_repeating_epochs_of_an_unshuffled_loader_are_not_repeated_batches(tmp_p
     fit(tmp_path, DigitsMLP(), loader(x, y, shuffle=False), None, [bi], max_epochs=3,
         limit_train_batches=2)
     assert "data.repeated_batch" not in codes(bi.findings)
+    assert_ran_and_passed(bi)
 
 
 # ---------------------------------------------------------------------------- broken runs
@@ -482,6 +487,8 @@ def test_hard_real_task_is_not_accused(tmp_path):
     fit(tmp_path, WeakMLP(), loader(x, y, batch_size=64, shuffle=True), None, [bi],
         limit_train_batches=16)
     assert stage_codes(bi.findings, "data") == set()
+    assert_ran_and_passed(bi)
+    assert "probe" in bi.check_status()["detail"]  # the label probe ran, and acquitted
 
 
 def test_unknown_batch_structure_is_info_once(tmp_path, digits):

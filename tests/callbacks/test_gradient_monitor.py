@@ -298,3 +298,26 @@ def test_manual_optimization_two_steps_per_batch(tmp_path: Path) -> None:
     assert len(grad_cb.series()["grad_norm"]) == 60  # 2 optimizer steps x 15 batches x 2 epochs
     assert grad_cb.findings == []
     assert [f.code for f in loss_cb.findings] == ["curve.healthy", "curve.no_validation"]
+
+
+def test_diverging_fit_leaks_no_numpy_warning(tmp_path: Path) -> None:
+    """SGD at lr 10 overflows to Inf (with Inf gradient norms) within two epochs; the library's
+    own arithmetic on those numbers (per-layer norms, ratios, curve rules, the HTML plots) warns
+    about nothing (the per-layer norms once made NaN of Inf x 0 in a matrix product)."""
+    import warnings
+
+    import numpy as np
+
+    from lightning_triage import Triage
+
+    pl.seed_everything(0, verbose=False)
+    train, val = digits_loaders()
+    triage = Triage(strict=True, report_dir=tmp_path)
+    with warnings.catch_warnings(), np.errstate(divide="raise", over="raise", invalid="raise"):
+        warnings.filterwarnings("error", message=".*encountered in", category=RuntimeWarning)
+        make_trainer(tmp_path, [triage], max_epochs=2, limit_train_batches=None).fit(
+            DigitsMLP(lr=10.0), train, val)
+    report = triage.report.report
+    assert report is not None and report["start_here"] == "curve.diverging"
+    assert not [f for f in report["findings"] if f["code"] == "triage.check_error"]
+    assert report["details"]["grad_layers"]["layers"]  # the per-layer norms were computed

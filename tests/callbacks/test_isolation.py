@@ -25,7 +25,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from lightning_triage import Triage, probing
 from lightning_triage.callbacks.base import collect_checks
 from lightning_triage.findings import Finding
-from tests.helpers import make_trainer
+from tests.helpers import WATCHES, assert_ran_and_passed, make_trainer
 
 MODES = ["copy", "in_place"]
 
@@ -85,7 +85,7 @@ def _compare(tmp_path: Path, make: Any, data: Any, mode: str = "copy",
     if mode == "in_place":
         isolation = [f.evidence["isolation"] for f in _findings(triage)
                      if f.code.startswith("overfit.") and "isolation" in f.evidence]
-        assert all(i.startswith("in place") for i in isolation), isolation
+        assert isolation and all(i.startswith("in place") for i in isolation), isolation
     return with_triage, without, triage
 
 
@@ -154,9 +154,7 @@ def test_lightning_demo_lstm_trains_as_without_and_its_explosion_is_reported(
     assert with_triage.hidden is None and without.hidden is None  # reset by the demo per epoch
     problems = _problems(triage)
     assert "structure.target_leak" not in problems and "structure.causal_leak" not in problems
-    explosion = {"curve.diverging", "grad.exploding", "numerics.nonfinite_loss",
-                 "numerics.nonfinite_forward", "numerics.nonfinite_backward"}
-    assert explosion & set(problems), problems
+    assert "curve.diverging" in problems, problems  # seeds 0-2: with overfit.failed, grad.*
 
 
 class StatefulGRU(pl.LightningModule):
@@ -207,6 +205,8 @@ def test_healthy_stateful_rnn_with_clipping_stays_silent(tmp_path: Path) -> None
     _, _, triage = _compare(tmp_path, StatefulGRU, markov_loader, max_epochs=3,
                             limit_train_batches=8, gradient_clip_val=1.0)
     assert _problems(triage) == {}
+    assert triage.report.report is not None
+    assert_ran_and_passed(triage.report.report, *WATCHES, "GradientWiringCheck", "OverfitBatchCheck")
 
 
 # ----------------------------------------------------------------------------- one-time state

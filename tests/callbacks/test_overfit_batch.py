@@ -366,3 +366,5 @@ def test_logits_into_cross_entropy_raise_no_probability_finding(tmp_path: Path, 
     for model in (Classifier(lr=0.05), LabelSmoothing(lr=0.2)):
         check = fit_overfit(tmp_path, model)
         assert "overfit.loss_on_probabilities" not in {f.code for f in check.findings}
+        assert "overfit.passed" in {f.code for f in check.findings}  # the probe ran, and memorized
+        assert check.check_status()["status"] == "passed"

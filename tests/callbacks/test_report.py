@@ -15,7 +15,7 @@ from lightning_triage import InitialLossCheck, Triage, TriageReport
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
 from lightning_triage.report import REPORT_SCHEMA, load_report
-from tests.helpers import codes, make_trainer
+from tests.helpers import WATCHES, assert_ran_and_passed, codes, make_trainer
 
 
 def read_report(directory: Path) -> dict[str, Any]:
@@ -53,6 +53,7 @@ def test_healthy_report_has_no_start_here(tmp_path: Path, capsys: pytest.Capture
     assert report["start_here"] is None
     assert report == triage.report.report
     assert "No problems found" in capsys.readouterr().out
+    assert_ran_and_passed(report, *WATCHES, "InitialLossCheck", "GradientWiringCheck")
 
 
 def test_report_dir_defaults_to_the_loggers_log_dir(tmp_path: Path) -> None:

@@ -90,7 +90,6 @@ def test_log_findings_false_leaves_the_logger_alone(tmp_path: Path) -> None:
 
 
 def test_tensorboard_gets_the_findings_as_text(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
     from lightning.pytorch.loggers import TensorBoardLogger
 
     train, val = digits_loaders()

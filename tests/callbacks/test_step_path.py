@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from lightning_triage import GradientMonitor, LossCurveMonitor, NonFiniteTracer, Triage
 from lightning_triage.callbacks._step import RowBuffer, StepState
-from tests.helpers import loader, make_trainer
+from tests.helpers import assert_ran_and_passed, loader, make_trainer
 
 
 def _data(n: int = 40 * 16, seed: int = 0) -> tuple[Tensor, Tensor]:
@@ -133,8 +133,10 @@ def test_healthy_run_is_silent_in_the_bundle(tmp_path: Path) -> None:
     _fit(tmp_path, [bundle], Net(lr=0.02), epochs=2)
     for name in ("GradientMonitor", "NonFiniteTracer"):
         assert not [f for f in bundle.check(name).findings if f.is_problem], name
-    assert not [f for f in bundle.check("LossCurveMonitor").findings
-                if f.code in ("curve.loss_spike", "curve.diverging")]
+        assert_ran_and_passed(bundle.check(name))
+    curve = bundle.check("LossCurveMonitor")
+    assert not [f for f in curve.findings if f.code in ("curve.loss_spike", "curve.diverging")]
+    assert len(curve.series()["train_loss"]) == 80  # it read the loss of every step of 2 epochs
 
 
 class _DeviceLike(StepState):

@@ -110,6 +110,16 @@ def test_spike_then_chance_is_plateau_at_chance() -> None:
     assert codes(classify_curve(y, chance=CHANCE))[0][0] != "plateau_at_chance"
 
 
+def test_a_curve_still_falling_through_chance_is_not_a_plateau() -> None:
+    """The `settled` guard: a spike (the curve "moved"), then a steady fall that ends within 5% of
+    chance while still falling is learning, not a plateau at chance."""
+    for seed in range(3):
+        x = np.concatenate([[3.9, 55.0, 450.0, 10.0],
+                            np.linspace(2.5, 2.2, 196) + noise(196, 0.03, seed)])
+        assert abs(np.median(x[-50:]) - CHANCE) < 0.05 * CHANCE  # "near" chance at the end
+        assert codes(classify_curve(x, chance=CHANCE)) == [("healthy", 199)]
+
+
 def test_isolated_spike_is_reported_at_its_step() -> None:
     x = healthy()
     x[150] = 6.0

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_triage import LossCurveMonitor, Triage
-from tests.helpers import make_trainer
+from tests.helpers import WATCHES, assert_ran_and_passed, make_trainer
 
 
 def wine_loaders(seed: int, n_val: int = 38) -> tuple[DataLoader, DataLoader]:
@@ -69,6 +69,10 @@ def test_small_validation_set_drift_is_not_overfitting(tmp_path: Path, seed: int
     report = triage.report.report
     assert report["start_here"] is None, [(f["code"], f["message"]) for f in report["findings"]]
     assert "curve.overfitting" not in {f["code"] for f in report["findings"]}
+    assert_ran_and_passed(report, *WATCHES)
+    # the overfitting rule had its validation losses to judge (not `curve.sparse_validation`)
+    assert len(report["series"]["val_loss"]) >= 3
+    assert "curve.sparse_validation" not in {f["code"] for f in report["findings"]}
 
 
 def test_real_overfitting_is_still_caught(tmp_path: Path) -> None:
@@ -186,3 +190,4 @@ def test_small_raw_scales_that_are_normal_are_not_flagged(tmp_path: Path, case: 
     data_codes = {f["code"] for f in report["findings"] if f["code"].startswith("data.")}
     assert "data.tiny_input_scale" not in data_codes
     assert "data.unnormalized_input" not in data_codes
+    assert_ran_and_passed(report, "BatchInspector")  # it read the inputs, and found them fine

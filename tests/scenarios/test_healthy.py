@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import pytest
 
 from lightning_triage import Triage
+from tests.helpers import FIT_START, WATCHES, assert_ran_and_passed
 from tests.scenarios.healthy import HEALTHY
 
 # (mixup is left out: `curve.lr_too_high` fired on 1 of its 2 calibration seeds, see docs/findings.md)
@@ -32,3 +33,4 @@ def test_healthy_run_raises_nothing(tmp_path: Path, name: str) -> None:
     assert report["start_here"] is None
     codes = {f["code"] for f in report["findings"]}
     assert "overfit.passed" in codes  # label smoothing included: memorized down to its floor
+    assert_ran_and_passed(report, *WATCHES, *FIT_START)  # each check ran and found nothing

@@ -270,15 +270,21 @@ def layer_norms(per: np.ndarray, groups: Sequence[int], n_layers: int) -> np.nda
     """Per-layer gradient norms (steps x layers) from per-parameter ones (steps x parameters),
     each parameter in group ``groups[j]`` (``-1``: none), vectorized over the steps.
 
+    A sum per group, not a product with a 0/1 membership matrix: an Inf norm (a diverging run)
+    times 0 would make NaN, and a numpy warning.
+
     Example:
         >>> layer_norms(np.array([[3.0, 4.0, 1.0]]), [0, 0, 1], 2).tolist()
         [[5.0, 1.0]]
+        >>> layer_norms(np.array([[np.inf, 4.0, 1.0]]), [0, 0, 1], 2).tolist()
+        [[inf, 1.0]]
     """
-    member = np.zeros((len(groups), n_layers))
-    for j, g in enumerate(groups):
-        if g >= 0:
-            member[j, g] = 1.0
-    return np.sqrt(np.square(per) @ member)
+    squares = np.square(np.asarray(per, dtype=np.float64))
+    group = np.asarray(groups)
+    out = np.zeros((squares.shape[0], n_layers))
+    for g in range(n_layers):
+        out[:, g] = squares[:, group == g].sum(axis=1)
+    return np.sqrt(out)
 
 
 def median_ratios(rows: np.ndarray, names: Sequence[str]) -> dict[str, float]:
