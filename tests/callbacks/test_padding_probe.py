@@ -8,7 +8,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_triage import PaddingProbe, Triage
 from tests.callbacks.padding_models import (
@@ -325,3 +325,15 @@ def test_ddp_ranks_run_the_same_passes(tmp_path: Path) -> None:
     for f in leaks.values():
         assert [p["perturbation"] for p in f["evidence"]["perturbations"]] == ["content"]
     assert leaks[0]["evidence"]["side"] == "right" and leaks[1]["evidence"]["side"] is None
+
+
+def test_an_unknown_maximum_length_on_an_accelerator_allows_no_longer_pass() -> None:
+    """Off the CPU an index past a position table is a device-side assert (the process loses
+    the device), not an exception: without a declared maximum length the longer pass is off."""
+    room = PaddingProbe._room
+    assert room(nn.Linear(2, 2), torch.zeros(2, 5)) == (None, "")  # type: ignore[arg-type]
+    assert room(nn.Linear(2, 2), torch.zeros(2, 5, device="meta"))[0] == 0  # type: ignore[arg-type]
+    declared = nn.Linear(2, 2)
+    declared.max_seq_len = 8  # type: ignore[assignment]
+    assert room(declared, torch.zeros(2, 5, device="meta")) == (  # type: ignore[arg-type]
+        3, "the model takes at most 8 positions")

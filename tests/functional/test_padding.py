@@ -9,6 +9,7 @@ from torch import nn
 from lightning_triage.functional.padding import (
     Recording,
     compare_at_real,
+    declared_max_length,
     find_padding_mask,
     first_moved,
     more_padding_batch,
@@ -250,3 +251,39 @@ def test_a_failing_pass_fails_alone_only_for_the_errors_named() -> None:
 
     with pytest.raises(KeyError):
         probe_padding(run, batch, ids, mask)
+
+
+@pytest.mark.parametrize(("room", "longer"), [(0, False), (1, False), (2, True), (None, True)])
+def test_the_longer_pass_stays_within_the_room_the_model_declares(room: int | None,
+                                                                   longer: bool) -> None:
+    """A model that takes at most ``T + room`` positions never gets a longer batch: with room
+    for fewer than 2 more positions the shorter pass replaces the longer one, untried."""
+    ids, real = padded_tokens(6, seed=8)
+    batch = {"input_ids": ids, "attention_mask": real.long()}
+    mask = find_padding_mask(batch, ids)
+    assert not isinstance(mask, str)
+    lengths: list[int] = []
+    inner = _run(_Net(masked=True))
+
+    def run(b: dict[str, torch.Tensor]) -> Recording:
+        lengths.append(b["input_ids"].shape[1])
+        return inner(b)  # type: ignore[no-any-return]
+
+    result = probe_padding(run, batch, ids, mask, room=room, room_why="the model's limit")
+    assert result["status"] == "ok"
+    assert max(lengths) <= ids.shape[1] + (room if room is not None else ids.shape[1])
+    assert (max(lengths) > ids.shape[1]) is longer
+    assert ("fewer" in result) is not longer
+    if not longer:
+        assert result["failed"] == {"amount": "not run: the model's limit"}
+
+
+def test_a_declared_maximum_length_is_found_on_modules_and_configs() -> None:
+    class Config:
+        n_positions = 64
+
+    net = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 2))
+    assert declared_max_length(net) is None
+    net[1].block_size = 128  # type: ignore[assignment]  # nanoGPT-style attribute
+    net[0].config = Config()  # type: ignore[assignment]  # Hugging Face-style config
+    assert declared_max_length(net) == 64

@@ -72,8 +72,8 @@ CHECKS: tuple[type[TriageCallback], ...] = (
     EvalContractCheck,
     LossCurveMonitor,
     GradientMonitor,
-    NonFiniteTracer,
     AutocastCheck,
+    NonFiniteTracer,
 )
 
 

@@ -23,6 +23,7 @@ from lightning_triage.functional.padding import (
     DEFAULT_PADDING_TOLERANCE,
     PaddingMask,
     Recording,
+    declared_max_length,
     find_padding_mask,
     probe_padding,
     record_outputs,
@@ -210,10 +211,12 @@ class PaddingProbe(ProbeCallback):
                 return bool(trainer.strategy.reduce_boolean_decision(ready, all=True))
             return ready
 
+        room, room_why = self._room(pl_module, x)
         try:
             result = probe_padding(run, batch, x, mask, targets=y,
                                    ignore_index=self.ignore_index, tolerance=self.tolerance,
-                                   gate=gate, pass_errors=(UserCodeError,))
+                                   gate=gate, pass_errors=(UserCodeError,), room=room,
+                                   room_why=room_why)
         except BaseException:
             if trainer.world_size > 1:  # answer the decisions this rank will not reach
                 for _ in range(len(asked), 4):
@@ -257,9 +260,24 @@ class PaddingProbe(ProbeCallback):
         self.mark_ran(f"{base}: leak ({', '.join(leak.perturbation for leak in leaks)})")
 
     @staticmethod
+    def _room(pl_module: pl.LightningModule, x: Tensor) -> tuple[int | None, str]:
+        """How many positions the model takes beyond the batch's length (``None``: unknown, try).
+
+        Unknown on an accelerator counts as none: an index past a position table there is a
+        device-side assert, which ends the process's use of the device, not an exception."""
+        limit = declared_max_length(pl_module)
+        if limit is not None:
+            return limit - x.shape[1], f"the model takes at most {limit} positions"
+        if x.device.type != "cpu":
+            return 0, f"the model's maximum length is unknown on {x.device.type}"
+        return None, ""
+
+    @staticmethod
     def _partial(result: Mapping[str, Any]) -> str:
         """The passes that failed and what replaced them, for the detail."""
-        text = "".join(f"; the {kind} pass failed ({why})" for kind, why in result["failed"].items())
+        text = "".join(f"; the {kind} pass was not run ({why.removeprefix('not run: ')})"
+                       if why.startswith("not run: ") else f"; the {kind} pass failed ({why})"
+                       for kind, why in result["failed"].items())
         if "fewer" in result:
             text += f"; compared with {result['fewer']} fewer padded positions instead"
         return text

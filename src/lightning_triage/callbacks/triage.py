@@ -208,10 +208,11 @@ class Triage(Callback):
                 GradientMonitor(window_epochs=window_epochs, window_steps=window_steps,
                                 max_window_steps=max_window, watch=watch, on_spike=on_spike,
                                 strict=strict),
+                AutocastCheck(forward_fn=forward_fn, input_key=ik, target_key=tk, strict=strict),
+                # last: its non-finite policy may drop the step's update after the others saw it
                 NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
                                 check_every_n_steps=numerics_check_every_n_steps, input_key=ik,
                                 target_key=tk, strict=strict),
-                AutocastCheck(forward_fn=forward_fn, input_key=ik, target_key=tk, strict=strict),
             ]
         self.fail_on = fail_on
         self.html = html

@@ -516,20 +516,50 @@ class PaddingLeak:
     first_module: str | None
 
 
+#: Attributes that declare a model's longest input (Hugging Face configs, nanoGPT-style models).
+MAX_LENGTH_ATTRIBUTES = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
+                         "max_sequence_length", "block_size", "context_length")
+
+
+def declared_max_length(module: nn.Module) -> int | None:
+    """The longest input ``module`` declares (the smallest of its submodules' and their
+    ``config``'s :data:`MAX_LENGTH_ATTRIBUTES`), or ``None``.
+
+    Example:
+        >>> class Config:
+        ...     max_position_embeddings = 512
+        >>> net = nn.Sequential(nn.Linear(2, 2))
+        >>> net.config = Config()
+        >>> declared_max_length(net), declared_max_length(nn.Linear(2, 2))
+        (512, None)
+    """
+    found: list[int] = []
+    for sub in module.modules():
+        for holder in (sub, getattr(sub, "config", None)):
+            for name in MAX_LENGTH_ATTRIBUTES:
+                value = getattr(holder, name, None) if holder is not None else None
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    found.append(value)
+    return min(found, default=None)
+
+
 def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, mask: PaddingMask,
                   *, targets: Tensor | None = None, extra: int | None = None,
                   ignore_index: int = -100, tolerance: float = DEFAULT_PADDING_TOLERANCE,
                   gate: Callable[[str, bool], bool] | None = None,
-                  pass_errors: tuple[type[Exception], ...] = ()) -> dict[str, Any]:
+                  pass_errors: tuple[type[Exception], ...] = (),
+                  room: int | None = None, room_why: str = "") -> dict[str, Any]:
     """Run the padding probe with ``run(batch) -> Recording`` (the caller resets RNGs).
 
     Runs the batch twice (determinism control), then with other content at the padded
     positions (only when the mask is a batch entry the model can read: a model that finds its
     padding from the pad token id, ``input_ids == pad_id``, would see the new ids as real
     tokens), then (when the padded side is known) with ``extra`` more padded positions (default:
-    ``max(2, T // 2)``). When the longer batch fails (a model padded to its maximum length,
-    ``max_position_embeddings``, raises on longer inputs), the padded rows are run with fewer
-    padded positions instead (:func:`fewer_padding_batch`).
+    ``max(2, T // 2)``, at most ``room``: the positions the model takes beyond ``T``, where
+    known; ``room_why`` says why, for the report). When there is no room for 2 more positions
+    (a model padded to its maximum length, ``max_position_embeddings``), or the longer batch
+    fails (it raises on longer inputs), the padded rows are run with fewer padded positions
+    instead (:func:`fewer_padding_batch`).
 
     ``gate(pass_name, ready) -> bool`` is asked before each pass after the first (``"twin"``,
     ``"content"``, ``"amount"``, ``"fewer"``, always all four, in order) whether to run it; under
@@ -589,10 +619,15 @@ def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, m
 
     leaks: list[PaddingLeak] = []
     k = extra if extra is not None else max(2, inputs.shape[1] // 2)
+    if room is not None and room < k:
+        if room >= 2:
+            k = room
+        else:
+            failed["amount"] = f"not run: {room_why or 'no room for longer inputs'}"
     if ask("content", ready and mask.mask is not None):
         rec = attempt("content", lambda: pad_content_batch(batch, inputs, mask))
         leaks += _leak("content", first, rec, mask.real, 0, tolerance)
-    if ask("amount", ready and mask.side is not None):
+    if ask("amount", ready and mask.side is not None and "amount" not in failed):
         rec = attempt("amount", lambda: more_padding_batch(batch, inputs, mask, k, targets=targets,
                                                           ignore_index=ignore_index))
         leaks += _leak("amount", first, rec, mask.real, k if mask.side == "left" else 0, tolerance)
@@ -647,6 +682,7 @@ __all__ = [
     "RealChange",
     "Recording",
     "compare_at_real",
+    "declared_max_length",
     "fewer_padding_batch",
     "find_padding_mask",
     "first_moved",
