@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -334,6 +335,71 @@ class FrozenBatchNormMLP(DigitsMLP):
         return torch.optim.SGD(self.net.parameters(), lr=self.lr)
 
 
+def one_per_class(examples: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """A "deduplicating" collate keyed by the label: keeps one example per class."""
+    kept = {int(y): (x, y) for x, y in examples}
+    xs, ys = zip(*kept.values(), strict=True)
+    return torch.stack(xs), torch.stack(ys)
+
+
+def dropping_collate_loaders() -> Loaders:
+    x, y, xv, yv = load_digits_tensors()
+    train = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True, collate_fn=one_per_class,
+                       generator=torch.Generator().manual_seed(0))
+    return train, DataLoader(TensorDataset(xv, yv), batch_size=256)
+
+
+class NoisyDigits(TensorDataset):
+    """Gaussian-noise augmentation drawn from a generator created in the main process."""
+
+    def __init__(self, x: Tensor, y: Tensor) -> None:
+        super().__init__(x, y)
+        self.rng = np.random.default_rng(0)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, ...]:
+        x, y = super().__getitem__(i)
+        return x + torch.from_numpy(self.rng.normal(0, 0.1, x.shape)).float(), y
+
+
+def shared_rng_loaders() -> Loaders:
+    x, y, xv, yv = load_digits_tensors()
+    train = DataLoader(NoisyDigits(x, y), batch_size=32, shuffle=True, num_workers=2,
+                       generator=torch.Generator().manual_seed(0))
+    return train, DataLoader(TensorDataset(xv, yv), batch_size=256)
+
+
+class FunctionalDropoutMLP(DigitsMLP):
+    """``F.dropout(h, 0.3)`` without ``training=self.training``: still random in eval mode."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net[2](F.dropout(self.net[1](self.net[0](x)), 0.3))
+
+
+class StaleBatchNormMLP(DigitsMLP):
+    """BatchNorm with ``momentum=0``: its running statistics stay at their initial values."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.norm = nn.BatchNorm1d(64, momentum=0.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(self.norm(x * 4.0 + 2.0))
+
+
+class Float32BodyMLP(DigitsMLP):
+    """The hidden layers run under ``torch.autocast(enabled=False)``, in float32."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.autocast("cpu", enabled=False):
+            h = self.body(x.float())
+        return self.head(h)
+
+
 def digits_model(model: Callable[[], pl.LightningModule],
                  data: Callable[[], Loaders] = digits_loaders) -> Build:
     def build() -> tuple[pl.LightningModule, Any, Any]:
@@ -393,6 +459,15 @@ SCENARIOS: list[Scenario] = [
     ("first layer frozen mid-run, AdamW with weight decay still holding it",
      D(lambda: FreezeLaterMLP(lr=0.1)), {}),
     ("a frozen BatchNorm stem left in training mode", D(lambda: FrozenBatchNormMLP(lr=0.1)), {}),
+    ("a collate function that keeps one example per class",
+     D(mlp(), dropping_collate_loaders), {}),
+    ("noise drawn from a generator the dataset created, 2 workers",
+     D(mlp(), shared_rng_loaders), {}),
+    ("`F.dropout(h, 0.3)` without `training=self.training`",
+     D(lambda: FunctionalDropoutMLP(lr=0.1)), {}),
+    ("BatchNorm with `momentum=0` on shifted inputs", D(lambda: StaleBatchNormMLP(lr=0.1)), {}),
+    ("hidden layers under `torch.autocast(enabled=False)` in `bf16-mixed`",
+     D(lambda: Float32BodyMLP(lr=0.1)), {"precision": "bf16-mixed"}),
     ("256-unit MLP, Adam, 64 training examples, 30 epochs",
      D(lambda: WideMLP(lr=1e-2), small_loaders), {"max_epochs": 30}),
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -167,11 +167,23 @@ def _demo_epilog() -> str:
             "Each scenario writes triage_report.json, .md and .html to REPORT_ROOT/<scenario>/.")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser that builds its epilog only when its help is shown: the demo's scenario list
+    imports Lightning, which `show`, `html` and `diff` must not pay for."""
+
+    epilog_factory: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.epilog_factory is not None:
+            self.epilog, self.epilog_factory = self.epilog_factory(), None
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-triage", description=(__doc__ or "").replace("\n::\n", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     fail_help = ("exit 1 when findings at this severity or worse are present "
                  "(default: error; none: never)")
     show = sub.add_parser("show", help="print a saved report (a JSON file or a run directory)")
@@ -189,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--fail-on", choices=FAIL_CHOICES, default="error",
                       help="exit 1 when B has findings at this severity or worse")
     demo = sub.add_parser("demo", help="train small models on digits and show the diagnoses",
-                          epilog=_demo_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.epilog_factory = _demo_epilog
     demo.add_argument("scenarios", nargs="*", help="scenario names (default: all; listed below)")
     demo.add_argument("--report-root", default=None,
                       help="where to write the reports, one directory per scenario (default: a "
