@@ -376,14 +376,14 @@ class FunctionalDropoutMLP(DigitsMLP):
 
 
 class StaleBatchNormMLP(DigitsMLP):
-    """BatchNorm with ``momentum=0``: its running statistics stay at their initial values."""
+    """BatchNorm with ``momentum=0`` after a small-scale layer: in training it normalizes each
+    batch; its running statistics, what eval mode uses, never leave their initial values."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.norm = nn.BatchNorm1d(64, momentum=0.0)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.net(self.norm(x * 4.0 + 2.0))
+        first = nn.Linear(64, 64)
+        nn.init.normal_(first.weight, std=0.01)
+        self.net = nn.Sequential(first, nn.BatchNorm1d(64, momentum=0.0), nn.ReLU(), nn.Linear(64, 10))
 
 
 class Float32BodyMLP(DigitsMLP):
@@ -391,13 +391,13 @@ class Float32BodyMLP(DigitsMLP):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
-        self.head = nn.Linear(256, 10)
+        self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                                 nn.Linear(256, 10))
 
     def forward(self, x: Tensor) -> Tensor:
         with torch.autocast("cpu", enabled=False):
-            h = self.body(x.float())
-        return self.head(h)
+            h = self.net[:4](x.float())
+        return self.net[4](h)
 
 
 def digits_model(model: Callable[[], pl.LightningModule],
@@ -465,7 +465,8 @@ SCENARIOS: list[Scenario] = [
      D(mlp(), shared_rng_loaders), {}),
     ("`F.dropout(h, 0.3)` without `training=self.training`",
      D(lambda: FunctionalDropoutMLP(lr=0.1)), {}),
-    ("BatchNorm with `momentum=0` on shifted inputs", D(lambda: StaleBatchNormMLP(lr=0.1)), {}),
+    ("BatchNorm with `momentum=0` (Adam, lr 3e-3)",
+     D(lambda: StaleBatchNormMLP(lr=3e-3, optimizer="adam")), {}),
     ("hidden layers under `torch.autocast(enabled=False)` in `bf16-mixed`",
      D(lambda: Float32BodyMLP(lr=0.1)), {"precision": "bf16-mixed"}),
     ("256-unit MLP, Adam, 64 training examples, 30 epochs",

@@ -20,42 +20,17 @@ from lightning_triage.findings import (
 )
 from lightning_triage.report import TriageGateError
 
-if TYPE_CHECKING:
-    from lightning_triage.callbacks import (
-        AutocastCheck,
-        BatchInspector,
-        DataLoaderCheck,
-        EvalContractCheck,
-        EvalModeCheck,
-        GradientMonitor,
-        GradientWiringCheck,
-        InitialLossCheck,
-        LossCurveMonitor,
-        NonFiniteTracer,
-        OverfitBatchCheck,
-        PaddingProbe,
-        StructureProbe,
-        Triage,
-        TriageCallback,
-        TriageReport,
-        UpdateContractCheck,
-        WorstErrors,
-    )
+if TYPE_CHECKING:  # the callbacks' names, for type checkers (`callbacks.__all__`)
+    from lightning_triage.callbacks import *  # noqa: F403
 
 __version__ = "0.1.0.dev0"
 
-#: The names that live in :mod:`lightning_triage.callbacks` (imported on first access: PEP 562).
-_CALLBACKS = frozenset({
-    "AutocastCheck", "BatchInspector", "DataLoaderCheck", "EvalContractCheck",
-    "EvalModeCheck", "GradientMonitor", "GradientWiringCheck",
-    "InitialLossCheck", "LossCurveMonitor", "NonFiniteTracer", "OverfitBatchCheck",
-    "PaddingProbe", "StructureProbe", "Triage", "TriageCallback", "TriageReport", "UpdateContractCheck",
-    "WorstErrors",
-})
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CALLBACKS:
+    """The names of :data:`__all__` not defined here come from :mod:`lightning_triage.callbacks`
+    (Lightning and torch), imported on first access (PEP 562)."""
+    if name in __all__:
         from lightning_triage import callbacks
 
         value = getattr(callbacks, name)
@@ -65,7 +40,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _CALLBACKS)
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [
