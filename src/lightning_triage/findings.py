@@ -352,7 +352,7 @@ _SPECS: tuple[CodeSpec, ...] = (
                "with no significant downward trend in the second half."),
     _spec("curve.loss_spike", "warning", "Loss spike",
           "Look at the batch of that step and the gradient norms just before it; clip gradients.",
-          when="A loss value above its running level by 8 robust standard deviations, 2x the level and at "
+          when="A loss value above its running level by 12 robust standard deviations, 2x the level and at "
                "least the loss scale, after 16 steps of baseline (at most 5 per window)."),
     _spec("curve.overfitting", "warning", "Training loss falls while validation loss rises",
           "Add regularization or data, or stop earlier; check train/val distributions.",

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lightning_triage.functional.curve import classify_curve
+from lightning_triage.functional.curve import CurveThresholds, classify_curve
 
 CHANCE = math.log(10)
 FIXTURE = Path(__file__).parents[1] / "data" / "curves.json"
@@ -203,8 +203,7 @@ def test_healthy_runs_stay_silent_mid_window(case: dict) -> None:
 
 # Healthy runs of other seeds on which the thresholds (calibrated on seed 0) raise a false alarm,
 # measured 2026-12-03 (docs/curves.md): known, kept visible (strict: fixing one fails here).
-KNOWN_FALSE_ALARMS = {("regression_linear_sgd", 1): "overfitting",
-                      ("mlp_sgd_momentum_batch8", 2): "loss_spike"}
+KNOWN_FALSE_ALARMS = {("regression_linear_sgd", 1): "overfitting"}
 
 
 def seed_cases() -> list[Any]:
@@ -268,3 +267,43 @@ def test_real_overfitting_on_a_small_validation_set_is_still_caught() -> None:
     val = [(19 + 20 * i, v) for i, v in enumerate(vals)]
     out = classify_curve(x, val=val, chance=CHANCE, val_examples=38)
     assert "overfitting" in {c for c, _ in codes(out)}
+
+
+# The training loss of a healthy run (benchmarks/false_alarms.py, family bert-recipe, seed 10:
+# transformers' BertForSequenceClassification from a small config, batch 16, AdamW 2e-3, warm-up,
+# gradient_clip_val=1.0; it learns, 0.69 -> 0.05), recorded 2026-12-04. Step 126: one batch at
+# 0.938 over a running level of 0.127, 8.8 robust standard deviations (its baseline already held
+# excursions of 6.7): one confidently wrong sentence out of 16, not a bad batch.
+BERT_RECIPE_SEED10 = [
+    0.6951, 0.6938, 0.6930, 0.6915, 0.6964, 0.6931, 0.6925, 0.6968, 0.6941, 0.6984, 0.6908, 0.6895,
+    0.6957, 0.6861, 0.6882, 0.6894, 0.6746, 0.6765, 0.6761, 0.7084, 0.6713, 0.6994, 0.6539, 0.6854,
+    0.6855, 0.7454, 0.7472, 0.6435, 0.6848, 0.7224, 0.6842, 0.6685, 0.7065, 0.6902, 0.6867, 0.6880,
+    0.6772, 0.6718, 0.6693, 0.6720, 0.6616, 0.6705, 0.6518, 0.6026, 0.6331, 0.7077, 0.6993, 0.5651,
+    0.6658, 0.5739, 0.5066, 0.6256, 0.4892, 0.5570, 0.4614, 0.3974, 0.4278, 0.3890, 0.3062, 0.5608,
+    0.3582, 0.3193, 0.2278, 0.3283, 0.2981, 0.2393, 0.1690, 0.3447, 0.2531, 0.1144, 0.1439, 0.2619,
+    0.2545, 0.1124, 0.3286, 0.1761, 0.0965, 0.2511, 0.4035, 0.0681, 0.1266, 0.0633, 0.2044, 0.3619,
+    0.1986, 0.0515, 0.2065, 0.1265, 0.0506, 0.6342, 0.1988, 0.4211, 0.1408, 0.1562, 0.4094, 0.0436,
+    0.0481, 0.1880, 0.0443, 0.2150, 0.2576, 0.0399, 0.0414, 0.1002, 0.2640, 0.1885, 0.1019, 0.0388,
+    0.0384, 0.0438, 0.0462, 0.0383, 0.2308, 0.0330, 0.0707, 0.0397, 0.0350, 0.0380, 0.0283, 0.0439,
+    0.2356, 0.0723, 0.2491, 0.0310, 0.1350, 0.0259, 0.9383, 0.2803, 0.0352, 0.3246, 0.0252, 0.2541,
+    0.0348, 0.0318, 0.1044, 0.2498, 0.2387, 0.1407, 0.2065, 0.0244, 0.0262, 0.0612, 0.0332, 0.0275,
+    0.1371, 0.0275, 0.2702, 0.1627, 0.0264, 0.0515]
+
+
+def test_heavy_tailed_small_batch_outlier_of_a_healthy_bert_run_is_not_a_loss_spike() -> None:
+    assert [v.code for v in classify_curve(BERT_RECIPE_SEED10, chance=math.log(2))] \
+        == ["curve.healthy"]
+    for upto in range(20, len(BERT_RECIPE_SEED10), 20):  # mid-window too
+        assert classify_curve(BERT_RECIPE_SEED10[:upto], chance=math.log(2), final=False) == []
+
+
+@pytest.mark.parametrize("step", [60, 100, 126])
+def test_a_bad_batch_in_the_same_bert_run_is_still_a_loss_spike(step: int) -> None:
+    """A batch whose labels are all wrong (every sentence costs ~2.5 nats at this stage) in the
+    same curve: caught at its step, far beyond the heavy-tailed noise."""
+    x = list(BERT_RECIPE_SEED10)
+    x[step] = 2.5
+    verdicts = classify_curve(x, chance=math.log(2))
+    assert [v.step for v in verdicts if v.code == "curve.loss_spike"] == [step]
+    ev = next(v.evidence for v in verdicts if v.code == "curve.loss_spike")
+    assert (ev["value"] - ev["level_before"]) / ev["spread"] > 2 * CurveThresholds().spike_z

@@ -52,7 +52,10 @@ class CurveThresholds:
         rebound_ratio: a block median above this multiple of the best earlier block, by more
             than ``rebound_min_frac`` of the loss scale: the loss bounced back up.
         rebound_min_frac: see ``rebound_ratio``.
-        spike_z: a loss spike is this many robust standard deviations above the running level,
+        spike_z: a loss spike is this many robust standard deviations above the running level
+            (12: small batches at a low loss are heavy-tailed; healthy BERT baselines hold
+            4-7 deviation excursions and healthy one-example spikes reach 9, injected bad
+            batches 30 and more; see docs/curves.md),
         spike_ratio: this many times the running level,
         spike_jump_frac: and above it by this fraction of the loss scale (the chance level, else
             the step-0 loss).
@@ -89,7 +92,7 @@ class CurveThresholds:
     rise_ratio: float = 1.2
     rebound_ratio: float = 1.5
     rebound_min_frac: float = 0.1
-    spike_z: float = 8.0
+    spike_z: float = 12.0
     spike_ratio: float = 2.0
     spike_jump_frac: float = 1.0
     spike_warmup: int = 16
