@@ -206,3 +206,16 @@ def test_no_report_from_a_process_that_did_not_watch_the_run(tmp_path: Path) -> 
     report.on_exception(trainer, DigitsMLP(), RuntimeError("worker crashed"))
     assert not (tmp_path / "triage_report.json").exists()
     assert report.report is None
+
+
+def test_a_suspicion_warns_as_a_suspicion_while_the_run_goes_on() -> None:
+    """The warning emitted when a check first sees a suspicion says that the report settles it
+    (a suspicion without a symptom ends as info); other problems warn as they are."""
+    from lightning_triage.callbacks.base import TriageCallback
+
+    check = TriageCallback()
+    with pytest.warns(RuntimeWarning, match=r"data.unnormalized_input \(a suspicion: the report"):
+        check.add_finding(None, "data.unnormalized_input", "rms 7.8")
+    with pytest.warns(RuntimeWarning) as caught:
+        check.add_finding(None, "init.loss_above_chance", "33.9 vs 2.303")
+    assert "suspicion" not in str(caught[0].message)

@@ -82,6 +82,20 @@ def test_precision_overflow_names_the_layer_and_its_float32_peak() -> None:
     assert v.evidence["dtype"] == "float16" and "1.53x" in v.message
 
 
+def test_precision_overflow_inside_a_layer_whose_output_fits() -> None:
+    """An exp inside a module overflows float16 while the module's own output (a softmax) stays
+    small: the message says a value inside it overflowed, not "0.00x the largest value"."""
+    net = nn.Sequential(nn.Linear(2, 2))
+    run = localize_nonfinite(net, lambda: (net(torch.ones(1, 2)) * INF).sum())
+    ref = localize_nonfinite(net, lambda: net(torch.ones(1, 2)).sum())
+    ref.max_abs_by_layer = {"0": 0.9997}
+    run.layer = "0"
+    v = precision_overflow_verdict(run, ref, torch.float16, net, step=7, precision="16-mixed",
+                                   batch_idx=7)
+    assert "0.00x" not in v.message
+    assert "within float16's 65504: a value computed inside it overflows" in v.message
+
+
 def test_not_localized_and_params_verdicts() -> None:
     v = not_localized_verdict("gradients", "why", step=2, batch_idx=2, grad_peak=INF)
     assert v.code == "numerics.nonfinite_detected" and "(max |grad| = inf)" in v.message

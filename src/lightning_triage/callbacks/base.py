@@ -21,6 +21,7 @@ from typing_extensions import override
 from lightning_triage.callbacks._args import check_bool, state_key_of
 from lightning_triage.findings import Finding, Severity
 from lightning_triage.functional.verdict import Verdict
+from lightning_triage.suspicions import SUSPICIONS
 
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
 #: A check whose detail starts with this did not do its work (the rest says why): its status is
@@ -177,7 +178,10 @@ class TriageCallback(Callback):
                     raise
         if finding.is_problem and code not in self._warned:
             self._warned.add(code)
-            rank_zero_warn(f"[lightning-triage] {code}: {message}", category=RuntimeWarning)
+            # a suspicion is a warning only if the run shows the trouble: the report settles it
+            kind = " (a suspicion: the report says whether the run confirms it)" \
+                if code in SUSPICIONS else ""
+            rank_zero_warn(f"[lightning-triage] {code}{kind}: {message}", category=RuntimeWarning)
         return finding
 
     def add_verdict(self, trainer: pl.Trainer | None, verdict: Verdict, **evidence: Any) -> Finding:

@@ -175,10 +175,13 @@ def precision_overflow_verdict(run: Localization, ref: Localization, dtype: torc
     layer = run.layer
     peak32 = ref.max_abs_by_layer.get(layer) if layer is not None else None
     where = {"forward": "output", "backward": "gradient", "loss": "loss"}[run.kind]
-    values = (f"; replayed in float32 the step is finite and `{layer}` peaks at max |x| = "
-              f"{_fmt(peak32)}, {peak32 / limit:.2f}x the largest {short_dtype(dtype)} value "
-              f"{limit:.6g}" if peak32 is not None and layer is not None else
-              "; replayed in float32 the step is finite")
+    values = "; replayed in float32 the step is finite"
+    if peak32 is not None and layer is not None and peak32 > limit:
+        values += (f" and `{layer}` peaks at max |x| = {_fmt(peak32)}, {peak32 / limit:.2f}x the "
+                   f"largest {short_dtype(dtype)} value {limit:.6g}")
+    elif peak32 is not None and layer is not None:  # its output fits: a value inside it did not
+        values += (f"; `{layer}`'s output peaks at max |x| = {_fmt(peak32)}, within "
+                   f"{short_dtype(dtype)}'s {limit:.6g}: a value computed inside it overflows")
     return Verdict(
         "numerics.precision_overflow", step,
         f"step {step}: under precision {precision!r} the {where} of "

@@ -229,9 +229,9 @@ def overfit_causes(run: ProbeRun, verdict: OverfitVerdict) -> list[str]:
                       f"learning rate of {run.optimizer} is too high for this model (see "
                       "`curve.lr_too_high`, `curve.diverging`)")
     if verdict.reason == "flat":
-        causes.append("the loss never moved: a learning rate of 0, or an output that does "
-                      "not depend on the parameters (see `grad.update_ratio`, "
-                      "`curve.not_learning`)")
+        causes.append("the loss never moved: a learning rate of 0 or an optimizer that does "
+                      "not step (see `wiring.optimizer_not_stepping`, `grad.update_ratio`), or "
+                      "an output that does not depend on the parameters (`curve.not_learning`)")
     if verdict.reason == "max_steps" and not causes:
         causes.append(
             f"slow progress: the loss fell only from {verdict.start:.4g} to "
