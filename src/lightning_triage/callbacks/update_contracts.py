@@ -114,6 +114,7 @@ class UpdateContractCheck(TriageCallback):
         self._opt_names: list[str] = []
         self._init: list[float] = []
         self._frozen: set[int] = set()
+        self._unheld: set[int] = set()
         self._renormed: set[int] = set()
         self._points: list[_Point] = []
         self._last_end: list[float] | None = None
@@ -165,7 +166,7 @@ class UpdateContractCheck(TriageCallback):
         if opt is None or (opt, trainer.global_step) in self._stepped:
             return  # LBFGS: its closure runs again inside the step
         self._stepped.add((opt, trainer.global_step))
-        self._membership(trainer)  # a param group added in the batch (after the batch start)
+        self._membership(trainer, at_step=True)
         norms, grads = self._norms_and_grads(True)
         lr = max((float(g["lr"]) for g in optimizer.param_groups), default=0.0)
         self._points.append(_Point("pre", opt, trainer.global_step, norms, grads, lr))
@@ -202,16 +203,23 @@ class UpdateContractCheck(TriageCallback):
             self._finish(trainer)
 
     # ------------------------------------------------------------------ readings
-    def _membership(self, trainer: pl.Trainer) -> None:
-        """Which parameters each optimizer holds and which are frozen, read again at each
-        batch start and optimizer step: param groups may be added and parameters unfrozen."""
+    def _membership(self, trainer: pl.Trainer, *, at_step: bool = False) -> None:
+        """Which parameters each optimizer holds and which are frozen, read at the batch start
+        and again at each optimizer step (a param group added inside the batch): a parameter
+        that joined an optimizer with ``requires_grad=True`` is no longer frozen. Freezing is
+        read at the batch start only (``toggle_optimizer`` freezes the others for a while)."""
         held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
                 for p in g["params"]}
-        self._frozen = {i for i, p in enumerate(self._params)
-                        if not p.requires_grad or id(p) not in held}
         index = {id(p): i for i, p in enumerate(self._params)}
         self._opt_params = [sorted({index[id(p)] for g in opt.param_groups for p in g["params"]
                                     if id(p) in index}) for opt in trainer.optimizers]
+        if at_step:
+            self._frozen -= {i for i in self._unheld
+                             if id(self._params[i]) in held and self._params[i].requires_grad}
+            return
+        self._unheld = {i for i, p in enumerate(self._params) if id(p) not in held}
+        self._frozen = {i for i, p in enumerate(self._params)
+                        if not p.requires_grad or id(p) not in held}
 
     def _arm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         sharded = sharded_strategy(trainer)
