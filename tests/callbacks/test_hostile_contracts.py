@@ -299,6 +299,17 @@ class AddsParamGroup(Net):
         return torch.optim.SGD(self.net.parameters(), lr=0.1)
 
 
+class UnfreezesInBatchStart(Net):
+    """Everything frozen for the first two steps (``training_step`` returns ``None``), then
+    unfrozen in the model's own ``on_train_batch_start``, after the callbacks' hooks."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.net.requires_grad_(self.global_step >= 2)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        return super().training_step(batch, batch_idx) if self.global_step >= 2 else None
+
+
 class WeightAverage(Net):
     """A copy of the weights updated after every step, kept inside the module: an EMA
     (``AveragedModel``) or a mean teacher. Neither is in the optimizer."""
@@ -344,6 +355,13 @@ def contracts(tmp_path: Path, make: Callable[[], pl.LightningModule],
 def test_param_group_added_mid_batch_is_not_frozen(tmp_path: Path) -> None:
     # was: wiring.frozen_params_changed for `extra`, changed by the step that now holds it
     assert contracts(tmp_path, AddsParamGroup) == []
+
+
+def test_unfrozen_in_the_models_batch_start_is_not_frozen(tmp_path: Path) -> None:
+    # was: wiring.frozen_params_changed for the whole model at its first step
+    assert contracts(tmp_path, UnfreezesInBatchStart) == []
+    found = assert_same_run(tmp_path, UnfreezesInBatchStart, max_steps=8)
+    assert found == [], [(f.code, f.message) for f in found]
 
 
 @pytest.mark.parametrize("kind", ["ema", "teacher"])
@@ -482,3 +500,4 @@ def test_unusual_loaders_run_unchanged_and_silent(tmp_path: Path, name: str) -> 
     make, kwargs = LOADERS[name]
     found = assert_same_run(tmp_path, make, **kwargs)
     assert found == [], [(f.code, f.message) for f in found]
+

@@ -114,7 +114,6 @@ class UpdateContractCheck(TriageCallback):
         self._opt_names: list[str] = []
         self._init: list[float] = []
         self._frozen: set[int] = set()
-        self._unheld: set[int] = set()
         self._renormed: set[int] = set()
         self._points: list[_Point] = []
         self._last_end: list[float] | None = None
@@ -205,19 +204,19 @@ class UpdateContractCheck(TriageCallback):
     # ------------------------------------------------------------------ readings
     def _membership(self, trainer: pl.Trainer, *, at_step: bool = False) -> None:
         """Which parameters each optimizer holds and which are frozen, read at the batch start
-        and again at each optimizer step (a param group added inside the batch): a parameter
-        that joined an optimizer with ``requires_grad=True`` is no longer frozen. Freezing is
-        read at the batch start only (``toggle_optimizer`` freezes the others for a while)."""
+        and again at each optimizer step: a frozen parameter that an optimizer holds with
+        ``requires_grad=True`` by then (unfrozen, or its param group added, in the model's own
+        ``on_train_batch_start``) is no longer frozen. Parameters are frozen at the batch start
+        only (``toggle_optimizer`` freezes the other optimizers' for a while)."""
         held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
                 for p in g["params"]}
         index = {id(p): i for i, p in enumerate(self._params)}
         self._opt_params = [sorted({index[id(p)] for g in opt.param_groups for p in g["params"]
                                     if id(p) in index}) for opt in trainer.optimizers]
         if at_step:
-            self._frozen -= {i for i in self._unheld
+            self._frozen -= {i for i in self._frozen
                              if id(self._params[i]) in held and self._params[i].requires_grad}
             return
-        self._unheld = {i for i, p in enumerate(self._params) if id(p) not in held}
         self._frozen = {i for i, p in enumerate(self._params)
                         if not p.requires_grad or id(p) not in held}
 
