@@ -238,6 +238,38 @@ class CollectsOutputs(Net):
         self.outputs.clear()
 
 
+class BatchNormNet(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+
+class LazyNet(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.LazyLinear(3))
+
+
+class InputsOnlyValidation(Net):
+    """Validation batches hold no targets: ``training_step`` cannot run on them."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        (x,) = batch
+        self.log("val_mean", self(x).mean())
+
+
+class CountsInBuffer(Net):
+    """``validation_step`` counts its calls in a buffer (saved with the weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("validations", torch.zeros((), dtype=torch.long))
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        self.validations += 1
+        return super().validation_step(batch, batch_idx)
+
+
 RECIPES: dict[str, tuple[Callable[[], pl.LightningModule], dict[str, Any]]] = {
     "ema_buffer_and_counter": (EmaBuffer, {}),
     "tied_embedding_decoder": (Tied, {"train": tokens, "val": None}),
@@ -259,6 +291,13 @@ RECIPES: dict[str, tuple[Callable[[], pl.LightningModule], dict[str, Any]]] = {
     "validation_returns_dict": (lambda: ValidationReturns("dict"), {}),
     "validation_logs_accuracy_only": (lambda: ValidationReturns("accuracy"), {}),
     "forward_raises_in_eval": (RaisesInEval, {}),
+    "batchnorm_validation_batch_size_1": (BatchNormNet, {"val": lambda: val_loader(
+        batch_size=1)}),
+    "lazy_modules": (LazyNet, {}),
+    "validation_batches_without_targets": (InputsOnlyValidation, {
+        "val": lambda: DataLoader(TensorDataset(xy(1)[0]), batch_size=8)}),
+    "validation_counts_in_a_buffer": (CountsInBuffer, {"num_sanity_val_steps": 2,
+                                                       "val_check_interval": 3}),
 }
 
 
@@ -471,6 +510,11 @@ class KeywordsOnly(Net):
         return nn.functional.cross_entropy(self(x=batch["x"]), batch["y"])
 
 
+class TwoLoaders(Net):
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return self.loss(batch["a"]) + self.loss(batch["b"])
+
+
 class Records(Dataset):
     def __init__(self, seed: int) -> None:
         self.x, self.y = xy(seed)
@@ -489,6 +533,10 @@ LOADERS: dict[str, tuple[Callable[[], pl.LightningModule], dict[str, Any]]] = {
     "collate_to_a_custom_class": (ObjectBatches, {
         "train": lambda: train_loader(collate_fn=Batch),
         "val": lambda: val_loader(collate_fn=Batch)}),
+    "persistent_workers": (Net, {"train": lambda: train_loader(num_workers=1,
+                                                               persistent_workers=True)}),
+    "dict_of_loaders": (TwoLoaders, {"train": lambda: {"a": train_loader(),
+                                                      "b": train_loader(batch_size=4)}}),
     "kwargs_only_forward": (KeywordsOnly, {
         "train": lambda: DataLoader(Records(0), batch_size=8),
         "val": lambda: DataLoader(Records(1), batch_size=8)}),
