@@ -114,6 +114,7 @@ class UpdateContractCheck(TriageCallback):
         self._opt_names: list[str] = []
         self._init: list[float] = []
         self._frozen: set[int] = set()
+        self._renormed: set[int] = set()
         self._points: list[_Point] = []
         self._last_end: list[float] | None = None
         self._stepped: set[tuple[int, int]] = set()
@@ -141,13 +142,7 @@ class UpdateContractCheck(TriageCallback):
         if not self._armed and not self._arm(trainer, pl_module):
             return
         self._step_at_start = trainer.global_step
-        held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
-                for p in g["params"]}
-        self._frozen = {i for i, p in enumerate(self._params)
-                        if not p.requires_grad or id(p) not in held}
-        index = {id(p): i for i, p in enumerate(self._params)}  # param groups may be added
-        self._opt_params = [sorted({index[id(p)] for g in opt.param_groups for p in g["params"]
-                                    if id(p) in index}) for opt in trainer.optimizers]
+        self._membership(trainer)
         self._point("start", None, trainer.global_step)
 
     @override
@@ -170,6 +165,7 @@ class UpdateContractCheck(TriageCallback):
         if opt is None or (opt, trainer.global_step) in self._stepped:
             return  # LBFGS: its closure runs again inside the step
         self._stepped.add((opt, trainer.global_step))
+        self._membership(trainer, at_step=True)
         norms, grads = self._norms_and_grads(True)
         lr = max((float(g["lr"]) for g in optimizer.param_groups), default=0.0)
         self._points.append(_Point("pre", opt, trainer.global_step, norms, grads, lr))
@@ -206,6 +202,24 @@ class UpdateContractCheck(TriageCallback):
             self._finish(trainer)
 
     # ------------------------------------------------------------------ readings
+    def _membership(self, trainer: pl.Trainer, *, at_step: bool = False) -> None:
+        """Which parameters each optimizer holds and which are frozen, read at the batch start
+        and again at each optimizer step: a frozen parameter that an optimizer holds with
+        ``requires_grad=True`` by then (unfrozen, or its param group added, in the model's own
+        ``on_train_batch_start``) is no longer frozen. Parameters are frozen at the batch start
+        only (``toggle_optimizer`` freezes the other optimizers' for a while)."""
+        held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
+                for p in g["params"]}
+        index = {id(p): i for i, p in enumerate(self._params)}
+        self._opt_params = [sorted({index[id(p)] for g in opt.param_groups for p in g["params"]
+                                    if id(p) in index}) for opt in trainer.optimizers]
+        if at_step:
+            self._frozen -= {i for i in self._frozen
+                             if id(self._params[i]) in held and self._params[i].requires_grad}
+            return
+        self._frozen = {i for i, p in enumerate(self._params)
+                        if not p.requires_grad or id(p) not in held}
+
     def _arm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         sharded = sharded_strategy(trainer)
         if sharded is not None:
@@ -231,6 +245,11 @@ class UpdateContractCheck(TriageCallback):
         self._zeroing = [([], [], []) for _ in range(n)]
         self._records = [[] for _ in range(n)]
         self._init = self._norms().tolist()
+        index = {id(p): i for i, p in enumerate(self._params)}
+        # `nn.Embedding(max_norm=...)` renormalizes the rows it looks up in place, in forward
+        self._renormed = {index[id(m.weight)] for m in pl_module.modules()
+                          if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+                          and m.max_norm is not None and id(m.weight) in index}
         frozen_bn = set(frozen_running_stats(pl_module))
         self._bn = [(name, type(m).__name__, self._running_norms(m))
                     for name, m in pl_module.named_modules() if name in frozen_bn]
@@ -367,8 +386,9 @@ class UpdateContractCheck(TriageCallback):
             allowed = set(self._opt_params[prev.opt]) if prev is not None \
                 and prev.kind == "pre" and prev.opt is not None else set()
             self._seen[phase] = self._seen.get(phase, 0) + 1
+            expected = self._renormed if phase == FORWARD else set()
             changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True))
-                       if _differs(a, b)]
+                       if _differs(a, b) and i not in expected]
             frozen = [i for i in changed if i in self._frozen]
             outside = [i for i in changed if i not in self._frozen and i not in allowed]
             for group, into in ((frozen, self._frozen_changes), (outside, self._changes)):
@@ -410,7 +430,8 @@ class UpdateContractCheck(TriageCallback):
                                                        stale, universe))
         trainable = {n: s for i, (n, s) in enumerate(self._sizes.items()) if i not in self._frozen}
         self.add_verdicts(trainer, outside_change_verdicts(self._changes, self._seen, trainable))
-        self.add_verdicts(trainer, frozen_change_verdict(self._frozen_changes, self._sizes))
+        self.add_verdicts(trainer, frozen_change_verdict(self._frozen_changes, self._sizes,
+                                                         self._seen))
         n_steps = sum(len(r) for r in self._records)
         batches = self._batches
         self.remove_handles()

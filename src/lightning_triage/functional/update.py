@@ -41,28 +41,52 @@ FORWARD = "between the start of the batch and the backward (a batch-start hook o
 GradState = Literal["ok", "none", "nonfinite"]
 
 
+#: Dtypes read by the fused kernel into float32 norms.
+_FUSED = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _real_values(t: Tensor) -> Tensor:
+    """The real values of ``t`` that its L2 norm is over: the stored values of a sparse
+    tensor, the dequantized values of a quantized one, the real view of a complex one."""
+    if t.is_quantized:
+        t = t.dequantize()
+    if t.layout == torch.sparse_coo:
+        t = t.coalesce().values()
+    elif t.layout != torch.strided:
+        t = t.values()
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
 def tensor_norms(tensors: Sequence[Tensor | None]) -> Tensor:
-    """The float32 L2 norm of each tensor (``0`` for ``None``), stacked on the first one's
-    device: one fused ``foreach`` kernel per device and dtype, no host sync, no autograd.
+    """The L2 norm of each tensor (``0`` for ``None``), stacked on the first one's device:
+    one fused ``foreach`` kernel for the half and single precision tensors, no host sync, no
+    autograd. The norms are float32, or float64 when a tensor is float64 or complex128 (a
+    float64 model's small updates stay visible); sparse, complex, quantized, integer and
+    boolean tensors are read one by one.
 
     Example:
         >>> tensor_norms([torch.ones(4), None, torch.zeros(2)]).tolist()
         [2.0, 0.0, 0.0]
+        >>> tensor_norms([torch.tensor([3 + 4j]), torch.tensor([3, 4])]).tolist()
+        [5.0, 5.0]
     """
     present = [t.detach() for t in tensors if t is not None and t.numel()]
     device = present[0].device if present else torch.device("cpu")
+    wide = any(t.dtype in (torch.float64, torch.complex128) for t in present)
+    dtype = torch.float64 if wide else torch.float32
     with torch.no_grad():
-        dense = [t for t in present if t.layout == torch.strided]
-        norms = iter(torch._foreach_norm(dense, 2, dtype=torch.float32) if dense else ())
-        zero = torch.zeros((), dtype=torch.float32, device=device)
+        fused = [t for t in present if t.layout == torch.strided and t.dtype in _FUSED]
+        norms = iter(torch._foreach_norm(fused, 2, dtype=torch.float32) if fused else ())
+        zero = torch.zeros((), dtype=dtype, device=device)
         out = []
         for t in tensors:
             if t is None or not t.numel():
                 out.append(zero)
-            elif t.layout == torch.strided:
-                out.append(next(norms).to(device))
-            else:  # sparse gradients: no foreach kernel
-                out.append(t.detach().coalesce().values().float().norm().to(device))
+            elif t.layout == torch.strided and t.dtype in _FUSED:
+                out.append(next(norms).to(device, dtype))
+            else:  # float64, sparse, complex, quantized, integer: no fused float32 kernel
+                values = _real_values(t.detach())
+                out.append(torch.linalg.vector_norm(values.to(dtype)).to(device))
         return torch.stack(out) if out else zero.reshape(0)
 
 
@@ -285,14 +309,29 @@ def outside_change_verdicts(changes: Sequence[Change], seen: Mapping[str, int],
     return verdicts
 
 
-def frozen_change_verdict(changes: Sequence[Change],
-                          universe: Mapping[str, int]) -> Verdict | None:
+def _consistent(phase: str, changes: Sequence[Change], seen: Mapping[str, int]) -> bool:
+    """Whether ``phase`` changed at every one of its (at least :data:`CONSISTENT_AFTER`)
+    occurrences, outside the forward and the optimizer steps."""
+    mine = sum(c.phase == phase for c in changes)
+    return phase != FORWARD and not phase.startswith("during the step") \
+        and mine == seen.get(phase, -1) >= CONSISTENT_AFTER
+
+
+def frozen_change_verdict(changes: Sequence[Change], universe: Mapping[str, int],
+                          seen: Mapping[str, int] | None = None) -> Verdict | None:
     """Frozen parameters (``requires_grad=False`` or in no optimizer) whose values changed.
+
+    Args:
+        changes: the changes of frozen parameters seen in the window, in order.
+        universe: every parameter and its number of values (for naming).
+        seen: how many times each phase was observed in the window (changed or not).
 
     Returns:
         A ``wiring.frozen_params_changed`` verdict at the first change, naming the parameters
         and where they changed (during an optimizer's step: weight decay or momentum applied
-        through a leftover ``.grad``), or ``None``.
+        through a leftover ``.grad``), or ``None``. Info when every phase that changed them
+        did so at each of its occurrences, between steps (a copy updated every step on
+        purpose: an EMA of the weights, a mean teacher).
 
     Example:
         >>> v = frozen_change_verdict([Change(2, "during the step of optimizer 0 (AdamW)",
@@ -306,14 +345,17 @@ def frozen_change_verdict(changes: Sequence[Change],
     names = list(dict.fromkeys(n for c in changes for n in c.params))
     phases = list(dict.fromkeys(c.phase for c in changes))
     by_step = any(p.startswith("during the step") for p in phases)
+    every = seen is not None and all(_consistent(p, changes, seen) for p in phases)
     why = (" The optimizer still holds them and updates them through a leftover `.grad` "
-           "(weight decay, momentum)." if by_step else "")
+           "(weight decay, momentum)." if by_step else
+           " They changed at every step, consistently: a copy updated on purpose (an EMA of "
+           "the weights, a mean teacher), if deliberate." if every else "")
     message = (f"{_names(names, universe)} are frozen but changed {' and '.join(phases)}, from "
                f"step {changes[0].step} on ({len(changes)} times in the first steps; largest "
                f"relative change of a norm {max(c.rel for c in changes):.3g}).{why}")
     return Verdict("wiring.frozen_params_changed", changes[0].step, message,
-                   layer=_first_module(names, universe),
-                   evidence={"phases": phases, "steps": [c.step for c in changes][:50],
+                   layer=_first_module(names, universe), severity="info" if every else None,
+                   evidence={"phases": phases, "every_step": every, "steps": [c.step for c in changes][:50],
                              "params": names[:50],
                              "rel_change": [c.rel for c in changes][:50]})
 

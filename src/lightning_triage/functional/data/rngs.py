@@ -181,6 +181,13 @@ def callable_names(fn: Any) -> set[str]:
     return _code_names(code) if isinstance(code, types.CodeType) else set()
 
 
+def _key_label(key: Any) -> str:
+    """A dict key as a path shows it: ``repr`` for plain keys only (a user class's ``__repr__``
+    may raise, or be slow)."""
+    return repr(key) if isinstance(key, (str, bytes, int, float, bool, type(None))) \
+        else f"<{type(key).__name__}>"
+
+
 def _children(obj: Any, path: str) -> Iterator[tuple[str, str | None, Any]]:
     """``(path, attribute name or None, value)`` of what ``obj`` holds, without side effects."""
     if isinstance(obj, (list, tuple)):  # the base class's iterator: no overridden method runs
@@ -189,7 +196,7 @@ def _children(obj: Any, path: str) -> Iterator[tuple[str, str | None, Any]]:
             yield f"{path}[{i}]", None, item
     elif isinstance(obj, dict):
         for key, item in itertools.islice(dict.items(obj), MAX_ITEMS):
-            yield f"{path}[{key!r}]", None, item
+            yield f"{path}[{_key_label(key)}]", None, item
     elif isinstance(obj, functools.partial):
         for i, item in enumerate(obj.args[:MAX_ITEMS]):
             yield f"{path}.args[{i}]", None, item
