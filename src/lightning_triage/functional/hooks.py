@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss
+from torch.utils.hooks import RemovableHandle
 
 from lightning_triage.functional.tensors import is_plain
 
@@ -52,6 +53,41 @@ def first_float_tensor(output: Any) -> Tensor | None:
 HookWrapper = Callable[[Callable[..., None]], Callable[..., None]]
 
 
+@contextmanager
+def hooked(module: nn.Module,
+           register: Callable[[str, nn.Module], Iterable[RemovableHandle]], *,
+           skip: tuple[type[nn.Module], ...] = ()) -> Iterator[None]:
+    """Hooks on every submodule of ``module`` for the block, all removed when it exits.
+
+    ``register(name, submodule)`` registers the hooks of one submodule and yields their
+    handles. Submodules of a ``skip`` type are left out, and so are those that take no hooks
+    (a ``ScriptModule`` raises ``RuntimeError``: its calls are seen from its parent).
+
+    Example:
+        >>> import torch
+        >>> net, seen = nn.Sequential(nn.Linear(2, 2), nn.ReLU()), []
+        >>> def register(name, sub):
+        ...     yield sub.register_forward_hook(lambda *_: seen.append(name))
+        >>> with hooked(net, register):
+        ...     _ = net(torch.ones(1, 2))
+        >>> seen, len(net[0]._forward_hooks)
+        (['0', '1', ''], 0)
+    """
+    handles: list[RemovableHandle] = []
+    try:
+        for name, sub in module.named_modules():
+            if isinstance(sub, skip):
+                continue
+            try:
+                handles.extend(register(name, sub))  # each handle kept as soon as it is made
+            except RuntimeError:
+                continue
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _unwrapped(hook: Callable[..., None]) -> Callable[..., None]:
     return hook
 
@@ -75,7 +111,6 @@ def capture_last_output(module: nn.Module, wrap: HookWrapper = _unwrapped) -> It
         torch.Size([5, 3])
     """
     captured = LastOutput()
-    handles = []
 
     def make_hook(name: str) -> Any:
         def hook(mod: nn.Module, args: Any, output: Any) -> None:
@@ -88,15 +123,12 @@ def capture_last_output(module: nn.Module, wrap: HookWrapper = _unwrapped) -> It
 
         return wrap(hook)
 
-    try:
-        for name, sub in module.named_modules():
-            # a ScriptModule takes no hooks: its outputs are seen from its parent
-            if not isinstance(sub, (_Loss, torch.jit.ScriptModule)):
-                handles.append(sub.register_forward_hook(make_hook(name)))
+    def register(name: str, sub: nn.Module) -> Iterator[RemovableHandle]:
+        yield sub.register_forward_hook(make_hook(name))
+
+    # a ScriptModule takes no hooks: its outputs are seen from its parent
+    with hooked(module, register, skip=(_Loss, torch.jit.ScriptModule)):
         yield captured
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 class HeadCapture:

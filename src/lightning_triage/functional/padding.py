@@ -32,10 +32,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss
+from torch.utils.hooks import RemovableHandle
 
 from lightning_triage.functional.batch import BatchKey, locate_batch
 from lightning_triage.functional.collection import map_tensors
-from lightning_triage.functional.hooks import first_float_tensor
+from lightning_triage.functional.hooks import first_float_tensor, hooked
 from lightning_triage.functional.structure import replace_tensor
 
 #: Batch keys recognized as padding masks, with their polarity: ``True`` when a true/1 entry
@@ -405,7 +406,6 @@ def record_outputs(module: nn.Module, n: int) -> Iterator[Recording]:
     """
     rec = Recording([])
     calls: dict[str, int] = {}
-    handles = []
 
     def make(name: str) -> Any:
         def hook(mod: nn.Module, args: Any, output: Any) -> None:
@@ -419,14 +419,11 @@ def record_outputs(module: nn.Module, n: int) -> Iterator[Recording]:
 
         return hook
 
-    try:
-        for name, sub in module.named_modules():
-            if not isinstance(sub, _Loss):
-                handles.append(sub.register_forward_hook(make(name)))
+    def register(name: str, sub: nn.Module) -> Iterator[RemovableHandle]:
+        yield sub.register_forward_hook(make(name))
+
+    with hooked(module, register, skip=(_Loss,)):
         yield rec
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
 
+from lightning_triage.functional.hooks import hooked
 from lightning_triage.functional.verdict import Verdict
 
 #: The operations autocast runs in reduced precision (on CUDA and CPU), by function name.
@@ -138,8 +140,6 @@ class AutocastRecorder(TorchFunctionMode):
     @contextmanager
     def attached(self, module: nn.Module) -> Iterator[AutocastRecorder]:
         """Hooks on every submodule of ``module`` and this mode, for the block."""
-        handles = []
-
         def push(name: str, kind: str) -> Any:
             def fn(mod: nn.Module, args: Any) -> None:
                 self._stack.append((name, kind))
@@ -149,18 +149,14 @@ class AutocastRecorder(TorchFunctionMode):
             if len(self._stack) > 1:
                 self._stack.pop()
 
+        def register(name: str, sub: nn.Module) -> Iterator[RemovableHandle]:
+            yield sub.register_forward_pre_hook(push(name, type(sub).__name__))
+            yield sub.register_forward_hook(pop, always_call=True)
+
         try:
-            for name, sub in module.named_modules():
-                try:
-                    handles.append(sub.register_forward_pre_hook(push(name, type(sub).__name__)))
-                    handles.append(sub.register_forward_hook(pop, always_call=True))
-                except RuntimeError:  # a ScriptModule takes no hooks
-                    continue
-            with self:
+            with hooked(module, register), self:
                 yield self
         finally:
-            for handle in handles:
-                handle.remove()
             self._stack = [("", "")]
 
 

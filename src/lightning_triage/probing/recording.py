@@ -14,9 +14,10 @@ from typing import Any
 
 from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss
+from torch.utils.hooks import RemovableHandle
 
 from lightning_triage.functional.eval_contracts import ModuleCall
-from lightning_triage.functional.hooks import first_float_tensor
+from lightning_triage.functional.hooks import first_float_tensor, hooked
 from lightning_triage.functional.structure import replace_tensor, same_storage
 
 #: Shape-trace entries kept for the report (the rest are counted).
@@ -148,20 +149,12 @@ class ModuleRecorder:
 
     @contextmanager
     def attached(self, module: nn.Module) -> Iterator[ModuleRecorder]:
-        handles = []
-        try:
-            for name, sub in module.named_modules():
-                try:
-                    handles.append(sub.register_forward_hook(self.hook(name, sub),
-                                                             with_kwargs=True))
-                    handles.append(sub.register_forward_pre_hook(self.pre_hook(name),
-                                                                 with_kwargs=True))
-                except RuntimeError:  # a ScriptModule takes no hooks: it is not traced
-                    continue
+        def register(name: str, sub: nn.Module) -> Iterator[RemovableHandle]:
+            yield sub.register_forward_hook(self.hook(name, sub), with_kwargs=True)
+            yield sub.register_forward_pre_hook(self.pre_hook(name), with_kwargs=True)
+
+        with hooked(module, register):  # a ScriptModule takes no hooks: it is not traced
             yield self
-        finally:
-            for handle in handles:
-                handle.remove()
 
 
 class CallTrace:
@@ -177,8 +170,6 @@ class CallTrace:
 
     @contextmanager
     def attached(self, module: nn.Module) -> Iterator[CallTrace]:
-        handles = []
-
         def pre(mod: nn.Module, args: Any, kwargs: Any) -> None:
             first = _first_tensor_arg(args, kwargs)
             keep = first is not None and first.is_floating_point()
@@ -196,17 +187,14 @@ class CallTrace:
                                              None if out is None else out.detach().clone()))
             return fn
 
+        def register(name: str, sub: nn.Module) -> Iterator[RemovableHandle]:
+            yield sub.register_forward_pre_hook(pre, with_kwargs=True)
+            yield sub.register_forward_hook(post(name), with_kwargs=True)
+
         try:
-            for name, sub in module.named_modules():
-                try:
-                    handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
-                    handles.append(sub.register_forward_hook(post(name), with_kwargs=True))
-                except RuntimeError:  # a ScriptModule takes no hooks: it is not traced
-                    continue
-            yield self
+            with hooked(module, register):  # a ScriptModule takes no hooks: it is not traced
+                yield self
         finally:
-            for handle in handles:
-                handle.remove()
             self._inputs = {}
 
 
