@@ -178,11 +178,16 @@ class InitialLossCheck(TriageCallback):
         def shape(t: Tensor | None) -> str:
             return "none found" if t is None else f"{tuple(t.shape)} {t.dtype}"
 
+        seen = shape(output)
+        if output is None and self._capture.traced:
+            seen = ("not captured: the LightningModule is compiled as a whole, and a hook on it "
+                    "would change the compiled graph")
+
         self.detail = "chance level unknown"
         self.add_finding(
             trainer,
             "init.chance_unknown",
-            f"Could not infer the task from the model output ({shape(output)}) and the targets "
+            f"Could not infer the task from the model output ({seen}) and the targets "
             f"({shape(targets)}), so the step-0 loss was not checked. Pass `task=` (one of "
             f"{', '.join(TASKS[1:])}) and `num_classes=` to check it.",
             evidence={"output_shape": None if output is None else list(output.shape),

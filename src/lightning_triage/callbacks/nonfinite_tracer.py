@@ -25,6 +25,7 @@ from lightning_triage.callbacks._nonfinite_replay import replay_step
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, split_batch
+from lightning_triage.functional.compiled import traced_by_compile
 from lightning_triage.functional.nonfinite import (
     Localization,
     float_tensors,
@@ -523,8 +524,9 @@ class NonFiniteTracer(TriageCallback):
 
             return self.guard_hook(trainer, "forward hook", hook)
 
+        traced = traced_by_compile(pl_module)  # a hook there would change the user's graph
         for name, sub in pl_module.named_modules():
-            if not isinstance(sub, torch.jit.ScriptModule):  # takes no hooks
+            if not isinstance(sub, torch.jit.ScriptModule) and name not in traced:
                 self.add_handle(sub.register_forward_hook(make_hook(name)))
 
     def _read_samples(self, trainer: pl.Trainer) -> None:

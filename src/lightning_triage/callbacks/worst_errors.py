@@ -127,6 +127,11 @@ class WorstErrors(TriageCallback):
         self._offset = 0
         self._sequential = self._is_sequential(trainer)
         self._capture.start(pl_module, None)
+        if self._capture.traced:
+            self.not_classification = ("the LightningModule is compiled as a whole: capturing its "
+                                       "outputs would change the compiled graph")
+            self.skip(f"skipped: {self.not_classification}")
+            self._close()
 
     @staticmethod
     def _is_sequential(trainer: pl.Trainer) -> bool:

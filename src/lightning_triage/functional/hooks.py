@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.nn.modules.loss import _Loss
 from torch.utils.hooks import RemovableHandle
 
+from lightning_triage.functional.compiled import traced_by_compile
 from lightning_triage.functional.tensors import is_plain
 
 
@@ -56,12 +57,14 @@ HookWrapper = Callable[[Callable[..., None]], Callable[..., None]]
 @contextmanager
 def hooked(module: nn.Module,
            register: Callable[[str, nn.Module], Iterable[RemovableHandle]], *,
-           skip: tuple[type[nn.Module], ...] = ()) -> Iterator[None]:
+           skip: tuple[type[nn.Module], ...] = (),
+           exclude: Collection[str] = ()) -> Iterator[None]:
     """Hooks on every submodule of ``module`` for the block, all removed when it exits.
 
     ``register(name, submodule)`` registers the hooks of one submodule and yields their
-    handles. Submodules of a ``skip`` type are left out, and so are those that take no hooks
-    (a ``ScriptModule`` raises ``RuntimeError``: its calls are seen from its parent).
+    handles. Submodules of a ``skip`` type or named in ``exclude`` are left out, and so are
+    those that take no hooks (a ``ScriptModule`` raises ``RuntimeError``: its calls are seen
+    from its parent).
 
     Example:
         >>> import torch
@@ -76,7 +79,7 @@ def hooked(module: nn.Module,
     handles: list[RemovableHandle] = []
     try:
         for name, sub in module.named_modules():
-            if isinstance(sub, skip):
+            if isinstance(sub, skip) or name in exclude:
                 continue
             try:
                 handles.extend(register(name, sub))  # each handle kept as soon as it is made
@@ -93,14 +96,16 @@ def _unwrapped(hook: Callable[..., None]) -> Callable[..., None]:
 
 
 @contextmanager
-def capture_last_output(module: nn.Module, wrap: HookWrapper = _unwrapped) -> Iterator[LastOutput]:
+def capture_last_output(module: nn.Module, wrap: HookWrapper = _unwrapped,
+                        exclude: Collection[str] = ()) -> Iterator[LastOutput]:
     """Record the output of the last module that finished its forward inside the block.
 
     The outermost module called by the user's code finishes last, so this is the model's head
     output whether ``training_step`` calls ``self(x)``, ``self.net(x)`` or a bare layer. Loss
     modules (``nn.CrossEntropyLoss`` ...) and 0-d outputs (losses) are ignored. Hooks are
     removed when the block exits. ``wrap`` wraps each hook (a callback passes its guard, so
-    that an error in the hook, which runs inside the user's forward, disables the check).
+    that an error in the hook, which runs inside the user's forward, disables the check);
+    submodules named in ``exclude`` get none.
 
     Example:
         >>> import torch
@@ -127,7 +132,7 @@ def capture_last_output(module: nn.Module, wrap: HookWrapper = _unwrapped) -> It
         yield sub.register_forward_hook(make_hook(name))
 
     # a ScriptModule takes no hooks: its outputs are seen from its parent
-    with hooked(module, register, skip=(_Loss, torch.jit.ScriptModule)):
+    with hooked(module, register, skip=(_Loss, torch.jit.ScriptModule), exclude=exclude):
         yield captured
 
 
@@ -154,18 +159,28 @@ class HeadCapture:
         self._captured: LastOutput | None = None
         self._targets: Tensor | None = None
         self.active = False
+        #: the module is compiled as a whole: its head output cannot be captured without
+        #: changing the user's graph, so nothing is
+        self.traced = False
 
     def start(self, module: nn.Module, targets: Tensor | None, hooks: bool = True,
               wrap: HookWrapper = _unwrapped, on_forward: Callable[[], None] | None = None) -> None:
         """Register the hooks on ``module``'s submodules (when ``hooks``); ``on_forward`` (if
         given, wrapped by ``wrap`` too) runs after each forward of ``module`` itself, once its
-        output is captured."""
+        output is captured.
+
+        ``module`` is the user's live model: no hook goes where ``torch.compile`` would trace
+        it into the user's graph (inside a compiled submodule; none at all when ``module``
+        itself is compiled, see :attr:`traced`)."""
         self.close()
         self.active = True
         self._targets = targets
-        if hooks:
+        traced = traced_by_compile(module) if hooks else set()
+        self.traced = "" in traced
+        if hooks and not self.traced:
             self._stack = ExitStack()
-            self._captured = self._stack.enter_context(capture_last_output(module, wrap))
+            self._captured = self._stack.enter_context(
+                capture_last_output(module, wrap, exclude=traced))
             if on_forward is not None:
                 def after(mod: nn.Module, args: Any, output: Any) -> None:
                     on_forward()

@@ -19,6 +19,7 @@ from torch.nn.parameter import is_lazy
 from torch.optim import Optimizer
 
 from lightning_triage._compat import share_trainer
+from lightning_triage.probing.compiled import eager, rebind_compiled, shared_compile_state
 from lightning_triage.probing.snapshot import isolated
 from lightning_triage.probing.state import (
     ProbeUnavailableError,
@@ -174,7 +175,8 @@ def copy_module(trainer: pl.Trainer | None, module: nn.Module,
         >>> twin.weight is net.weight, twin_opt.param_groups[0]["params"][0] is twin.weight
         (False, True)
     """
-    memo: dict[int, Any] = {id(o): o for o in shared_objects(trainer, module)}
+    memo: dict[int, Any] = {id(o): o for o in (*shared_objects(trainer, module),
+                                                *shared_compile_state(module))}
     for opt in optimizers:
         memo.pop(id(opt), None)
     twin_opts = []
@@ -188,6 +190,7 @@ def copy_module(trainer: pl.Trainer | None, module: nn.Module,
         memo.update(trial)
     schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs] if trainer else []
     twin, twin_scheds = copy.deepcopy((module, schedulers), memo)
+    rebind_compiled(twin, memo)
     for original, sub in zip(module.modules(), twin.modules(), strict=True):
         if isinstance(sub, pl.LightningModule) and isinstance(original, pl.LightningModule):
             share_trainer(sub, original)  # dropped by LightningModule.__getstate__
@@ -272,7 +275,7 @@ def probe_module(trainer: pl.Trainer | None, module: nn.Module,
             f"nor a snapshot in the {free / 2**20:.0f} MiB free on {device.type}")
     saved = rng_state()
     try:
-        with quiet_loggers(trainer):
+        with quiet_loggers(trainer), eager():
             if twin is not None:
                 yield Probe(twin[0], twin[1], how)
             else:
