@@ -23,8 +23,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from lightning_triage import Triage
+from lightning_triage import NonFiniteTracer, Triage
 from tests.callbacks.structure_models import DecoderLM, next_token_loader
+from tests.callbacks.test_nonfinite_tracer import Growing
+from tests.callbacks.test_nonfinite_tracer import data as tracer_data
 from tests.probe_models import DoubleSoftmax, EncoderHead, digits, mlp
 from tests.realmodels.models import problems, quiet_trainer
 
@@ -156,14 +158,20 @@ class CompiledLM(DecoderLM):
             self.blocks = torch.compile(self.blocks)
 
 
+def fit_lm(tmp_path: Path, mask: str, callbacks: list[Any]) -> Tensor:
+    with fresh_dynamo():
+        pl.seed_everything(0, verbose=False)
+        model = CompiledLM(mask=mask)
+        quiet_trainer(tmp_path, callbacks, max_epochs=1, limit_train_batches=4,
+                      limit_val_batches=0).fit(model, next_token_loader())
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
 @pytest.mark.parametrize("mask", ["future", "causal"])
 def test_compiled_gpt_without_its_causal_mask_is_caught(tmp_path: Path, mask: str) -> None:
     check = Triage(report_dir=tmp_path, strict=True, verbose=False, task="sequence",
                    num_classes=16, causal=True, overfit_time_budget=120.0)
-    with fresh_dynamo():
-        pl.seed_everything(0, verbose=False)
-        quiet_trainer(tmp_path, [check], max_epochs=1, limit_train_batches=4,
-                      limit_val_batches=0).fit(CompiledLM(mask=mask), next_token_loader())
+    watched = fit_lm(tmp_path, mask, [check])
     report = check.report.report
     assert report is not None
     statuses = {c["check"]: c["status"] for c in report["checks"]}
@@ -175,6 +183,7 @@ def test_compiled_gpt_without_its_causal_mask_is_caught(tmp_path: Path, mask: st
     else:
         assert problems(report) == []
         assert statuses["OverfitBatchCheck"] == "passed", report["checks"]
+        assert torch.equal(fit_lm(tmp_path / "bare", mask, []), watched)  # SDPA, compiled
 
 
 class CompiledSoftmaxHead(DoubleSoftmax):
@@ -207,3 +216,22 @@ def test_overfit_probe_works_on_a_compiled_model(tmp_path: Path, build: type[nn.
     else:
         assert overfit["status"] == "passed", overfit
         assert problems(report) == []
+
+
+class CompiledGrowing(Growing):
+    """`exp(g * x)` compiled: overflows float32 at step 8 (see the tracer's tests)."""
+
+    def configure_model(self) -> None:
+        if not hasattr(self.grow, "_orig_mod"):
+            self.grow = torch.compile(self.grow)
+
+
+def test_nan_in_a_compiled_module_is_localized_by_the_eager_replay(tmp_path: Path) -> None:
+    tracer = NonFiniteTracer(strict=True)
+    with fresh_dynamo():
+        pl.seed_everything(0, verbose=False)
+        trainer = quiet_trainer(tmp_path, [tracer], max_epochs=1, limit_train_batches=12)
+        trainer.fit(CompiledGrowing(), tracer_data(n_batches=12))
+    forward = next(f for f in tracer.findings if f.code == "numerics.nonfinite_forward")
+    assert (forward.global_step, forward.layer) == (8, "grow._orig_mod")
+    assert trainer.global_step == 9  # stopped after the bad step, as without compile
