@@ -363,6 +363,23 @@ def float32_block(finding: Finding) -> dict[str, Any]:
     }
 
 
+def _other_settings(trainer: pl.Trainer) -> str:
+    """The run's settings besides the learning rate that shape every update (facts for the
+    reader of a learning-rate lead the trial did not confirm)."""
+    found = []
+    decays = sorted({float(g.get("weight_decay") or 0.0) for opt in trainer.optimizers
+                     for g in opt.param_groups} - {0.0})
+    if decays:
+        found.append(f"`weight_decay` {', '.join(f'{d:g}' for d in decays)}")
+    if trainer.gradient_clip_val:
+        found.append(f"`gradient_clip_val` {trainer.gradient_clip_val:g} "
+                     f"({trainer.gradient_clip_algorithm or 'norm'})")
+    if not found:
+        return ". The learning rate is not what holds the loss back"
+    return (". The learning rate is not what holds the loss back; this run also shapes every "
+            f"update with {' and '.join(found)}")
+
+
 def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: RemedyRecorder,
                 findings: Sequence[Finding], *, strict: bool = False) -> list[Finding]:
     """``findings`` with the lead's ``remedy`` block set when its code declares a verifiable
@@ -389,6 +406,8 @@ def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Re
                      "reason": f"the replay raised {type(exc).__name__}: {exc}"[:500]}
     else:
         return findings
+    if block["verdict"] == "not confirmed":
+        block["reason"] += _other_settings(trainer)
     findings[index] = with_remedy(findings[index], block)
     if block["verdict"] == "not confirmed":
         findings[index] = with_remedy(findings[index], {

@@ -154,6 +154,7 @@ class Triage(Callback):
     ) -> None:
         validate_task(task, num_classes)
         check_bool("overfit", overfit)
+        check_bool("verify_remedies", verify_remedies)
         self.report_dir = None if report_dir is None else str(report_dir)
         self.task = task
         self.num_classes = num_classes
