@@ -31,7 +31,6 @@ from typing import Any
 from markupsafe import Markup
 
 from lightning_triage.findings import STAGE_QUESTIONS, STAGES, stage_index
-from lightning_triage.report import remedy_line
 from lightning_triage.plots import SEV_COLOR as _SEV_COLOR
 from lightning_triage.plots import batch_images as _batch_images
 from lightning_triage.plots import chance_level as _chance
@@ -42,6 +41,7 @@ from lightning_triage.plots import grad_plot as _grad_plot
 from lightning_triage.plots import init_plot as _init_plot
 from lightning_triage.plots import initial_loss as _initial_loss
 from lightning_triage.plots import loss_plot as _loss_plot
+from lightning_triage.report import remedy_line
 
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
                  "error": "#8e44ad", "not run": "#7f8c8d"}

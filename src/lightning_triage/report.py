@@ -171,8 +171,8 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
         ...     "before": {"lr": 0.1, "loss": 4.1, "finite": True, "steps": 30},
         ...     "after": {"lr": 0.01, "loss": 0.62, "finite": True, "steps": 30}, "reason": ""})
         'confirmed on a copy: lr 0.1 -> 0.01, loss after 30 steps 4.1 -> 0.62'
-        >>> remedy_line("structure.causal_leak", None)
-        'no remedy trial needed: the evidence is already causal (a probe on a copy changed one input and watched the outputs)'
+        >>> remedy_line("structure.causal_leak", None)[:55]
+        'no remedy trial needed: the evidence is already causal '
     """
     if remedy is None:
         spec = CODES.get(code)

@@ -67,7 +67,7 @@ MIN_STEPS = 8
 _SHARDED = ("fsdp", "deepspeed", "modelparallel", "xla")
 
 
-class _OutOfTime(Exception):
+class _OutOfTimeError(Exception):
     pass
 
 
@@ -206,7 +206,8 @@ class _Trial:
 
     def reset(self, factor: float = 1.0) -> None:
         rec = self.recorder
-        assert rec.model_state is not None and rec.optimizer_state is not None
+        assert rec.model_state is not None
+        assert rec.optimizer_state is not None
         self.model.load_state_dict(rec.model_state)
         self.optimizer.load_state_dict(rec.optimizer_state)
         for sched, state in zip(self.schedulers, rec.scheduler_states, strict=False):
@@ -240,7 +241,7 @@ class _Trial:
 
     def _check_time(self) -> None:
         if time.perf_counter() > self.deadline:
-            raise _OutOfTime
+            raise _OutOfTimeError
 
     def replay(self) -> Replay:
         """Train on the recorded batches as the run did (accumulation, clipping, step-wise
@@ -323,7 +324,7 @@ def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Reme
                     remedied.append((factor, trial.replay()))
                     if remedy_works(start, as_is, remedied[-1][1], th)[0]:
                         break
-    except _OutOfTime:
+    except _OutOfTimeError:
         return {**block, "reason": f"ran out of its time budget of {budget:.0f} s"}
     finally:
         recorder.seconds += time.perf_counter() - started
