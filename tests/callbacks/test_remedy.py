@@ -110,6 +110,9 @@ def test_healthy_runs_run_no_experiment(tmp_path: Path, build: Any) -> None:
     assert report["start_here"] is None
     assert triage.report.remedies.trials == 0
     assert triage.report.remedies.seconds == 0.0
+    # after its 30 batches the recorder left the per-step dispatch: the steady step is unchanged
+    assert triage.report.idle
+    assert all(cb is not triage.report for cb, _, _ in triage._active.get("on_train_batch_start", []))
     assert not any("remedy" in f for f in report["findings"])
 
 
