@@ -172,12 +172,17 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
 _EXPLAINED_PREFIX = " Explained by "
 
 
+def _unconfirmed(f: Finding) -> bool:
+    return isinstance(f.remedy, Mapping) and f.remedy.get("verdict") == "not confirmed"
+
+
 def start_here(findings: Sequence[Finding]) -> str | None:
     """The code of the finding to fix first, or ``None``: cause before symptom, then protocol
     order.
 
     The first problem (error or warning) in protocol order that no other finding explains
-    (see :func:`explain_findings`); if every problem is explained (explanations by findings
+    (see :func:`explain_findings`), a finding whose remedy was tried on a copy and not
+    confirmed after the others of its stage; if every problem is explained (explanations by findings
     that are not themselves problems cannot happen), the first problem.
 
     Example:
@@ -188,6 +193,9 @@ def start_here(findings: Sequence[Finding]) -> str | None:
     """
     problems = [f for f in sort_findings(explain_findings(findings))
                 if f.is_problem and f.stage in STAGES]
+    # a finding whose remedy, tried on a copy, did not cure the symptom yields to the other
+    # findings of its stage (a confirmed one first; docs/remedies.md)
+    problems.sort(key=lambda f: (STAGES.index(f.stage), _unconfirmed(f)))
     for f in problems:
         if not f.explained_by:
             return f.code

@@ -24,6 +24,13 @@ from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
+#: How a code's fix is verified on a copy of the run (docs/remedies.md): ``"lr_down"`` (every
+#: param group's learning rate divided, the first replayed steps run again), ``"lr_up"`` (the
+#: learning rate multiplied), ``"float32_replay"`` (the non-finite tracer's float32 replay of the
+#: failing step is the verification), ``"causal"`` (the finding's own probe is already an
+#: experiment on a copy: nothing to add), ``"none"`` (no mechanical remedy yet).
+RemedyKind = Literal["lr_down", "lr_up", "float32_replay", "causal", "none"]
+REMEDY_KINDS: tuple[RemedyKind, ...] = ("lr_down", "lr_up", "float32_replay", "causal", "none")
 
 #: The protocol stages, in the order findings are reported and fixed.
 STAGES: tuple[str, ...] = (
@@ -71,14 +78,17 @@ class CodeSpec:
     hint: str
     #: When the code fires, in one sentence for the docs (the thresholds are the rule's).
     when: str = ""
+    #: How its fix is verified on a copy (:data:`RemedyKind`; docs/remedies.md).
+    remedy: RemedyKind = "none"
 
     @property
     def stage(self) -> str:
         return self.code.split(".", 1)[0]
 
 
-def _spec(code: str, severity: Severity, title: str, hint: str, *, when: str = "") -> CodeSpec:
-    return CodeSpec(code, severity, title, hint, when)
+def _spec(code: str, severity: Severity, title: str, hint: str, *, when: str = "",
+          remedy: RemedyKind = "none") -> CodeSpec:
+    return CodeSpec(code, severity, title, hint, when, remedy)
 
 
 _SPECS: tuple[CodeSpec, ...] = (
@@ -280,13 +290,15 @@ _SPECS: tuple[CodeSpec, ...] = (
           "An operation mixes the batch dimension in eval mode: a softmax/log_softmax or "
           "normalization over `dim=0`, a `view`/`reshape` that merges the batch with another "
           "dimension, or batch and sequence dimensions swapped.",
-          when="In eval mode, an example's output depends on the inputs of other examples of the batch."),
+          when="In eval mode, an example's output depends on the inputs of other examples of the batch.",
+          remedy="causal"),
     _spec("structure.causal_leak", "error", "Outputs see future positions",
           "Check the attention masks (upper triangle masked? its orientation? the encoder's too? "
           "cross-attention to an encoder that saw the whole sequence?) and every sublayer that mixes "
           "positions (convolutions need left padding).",
           when="An output position depends on later input positions, when the model is declared causal or "
-               "the data is next-token prediction."),
+               "the data is next-token prediction.",
+          remedy="causal"),
     _spec("structure.shape_mismatch", "error", "Prediction and target shapes broadcast silently",
           "Make prediction and target shapes equal before the loss (`pred.squeeze(-1)` a `(N, 1)` "
           "prediction for `(N,)` targets, or `target.view_as(pred)`).",
@@ -295,11 +307,13 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("structure.target_leak", "error", "The targets reach the forward pass",
           "The targets reach the forward pass: feed the decoder the targets shifted right, and "
           "keep labels out of the features (expected only for label-conditioned models).",
-          when="The model's outputs change when only the targets of the batch change."),
+          when="The model's outputs change when only the targets of the batch change.",
+          remedy="causal"),
     _spec("structure.padding_leak", "warning", "Outputs at real positions depend on the padding",
           "Pass the padding mask to attention (`key_padding_mask`/`attention_mask`), pool over the "
           "real positions only (masked mean), and give padded targets `ignore_index`.",
-          when="Outputs at real positions change when only the padded positions of the input change."),
+          when="Outputs at real positions change when only the padded positions of the input change.",
+          remedy="causal"),
     _spec("structure.probe_skipped", "info", "Structure probe skipped",
           "Pass `forward_fn=` (callable(pl_module, batch) -> output; `Triage` takes it too) or "
           "`input_key=`/`target_key=` to `StructureProbe` so the probe can run the model.",
@@ -331,20 +345,24 @@ _SPECS: tuple[CodeSpec, ...] = (
           "The loss stays at its step-0 value: check the learning rate (0?), that the optimizer "
           "steps, that inputs are not all zero and that gradients reach the parameters.",
           when="Less than 10% progress from the step-0 loss and from the start median, with identical "
-               "validation losses or no significant trend."),
+               "validation losses or no significant trend.",
+          remedy="lr_up"),
     _spec("curve.lr_too_low", "warning", "Slow, straight decline: learning rate too low",
           "Raise the learning rate by 10x, or run a learning-rate finder.",
           when="Less than 10% progress with a significant decline (validation lower at every run, or a "
-               "training slope with t < -4)."),
+               "training slope with t < -4).",
+          remedy="lr_up"),
     _spec("curve.lr_too_high", "warning", "Noisy or rising loss: learning rate too high",
           "Lower the learning rate by 3-10x, add warmup, or clip gradients.",
           when="A block median (1/8 of the window) above 1.2x the step-0 loss, or 1.5x above the best "
-               "earlier block median and by more than 10% of the loss scale."),
+               "earlier block median and by more than 10% of the loss scale.",
+          remedy="lr_down"),
     _spec("curve.diverging", "error", "The loss grows without bound",
           "Lower the learning rate (3-10x), add warmup, clip gradients (`gradient_clip_val`), and "
           "see the numerics and grad findings.",
           when="A NaN/Inf loss after growth (a value above 10x the step-0 loss in the 8 steps before), a "
-               "NaN/Inf validation loss, or a running median above 10x the step-0 loss until the end."),
+               "NaN/Inf validation loss, or a running median above 10x the step-0 loss until the end.",
+          remedy="lr_down"),
     _spec("curve.plateau_at_chance", "error", "The loss settled at chance level",
           "The model predicts the prior: look for saturated units (unscaled inputs, too high a "
           "learning rate early on) and dead ReLUs.",
@@ -377,7 +395,8 @@ _SPECS: tuple[CodeSpec, ...] = (
           "normalization layers.",
           when="A non-finite total norm after growth, the median total norm of the window's last fifth "
                "100x that of its first fifth (1e4x in a run that ended inside a window of 8-19 steps), "
-               "or the first weight layer's median norm 1000x the last one's."),
+               "or the first weight layer's median norm 1000x the last one's.",
+          remedy="lr_down"),
     _spec("grad.vanishing", "warning", "Gradients vanish in early layers",
           "Use ReLU-family activations, residual connections, normalization or a better init.",
           when="The first weight layer's median gradient norm is below 1/1000 of the last weight layer's."),
@@ -392,7 +411,8 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("grad.update_ratio", "warning", "Update-to-weight ratio far from ~1e-3",
           "Far above: lower the learning rate; far below: raise it (per layer in the evidence).",
           when="A layer's median ratio of update norm to weight norm (sampled every 10 steps) is below "
-               "1e-5 or above 0.3."),
+               "1e-5 or above 0.3.",
+          remedy="lr_up"),
     # 9. numerics
     _spec("numerics.nonfinite_loss", "error", "The loss became NaN/Inf in the loss computation",
           "Every module output was finite: use stable loss functions (`F.cross_entropy` on "
@@ -414,7 +434,8 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("numerics.precision_overflow", "error", "Overflow in reduced precision, finite in float32",
           "Keep the named layer in float32 (autocast disabled), rescale it, or use bf16.",
           when="The failing step is non-finite in the run's reduced precision and finite when replayed in "
-               "float32."),
+               "float32.",
+          remedy="float32_replay"),
     _spec("numerics.near_overflow", "warning", "Activations approach the dtype's limit",
           "Rescale the layer or keep it in float32 before it overflows.",
           when="Sampled under reduced precision (every 100 steps): a float16/bfloat16 module output "
@@ -449,7 +470,7 @@ CODES: dict[str, CodeSpec] = {spec.code: spec for spec in _SPECS}
 
 
 def register_code(code: str, severity: Severity, title: str, hint: str, *,
-                  when: str = "") -> CodeSpec:
+                  when: str = "", remedy: RemedyKind = "none") -> CodeSpec:
     """Register a new finding code (codes are never renamed; new ones may be added).
 
     Raises:
@@ -461,7 +482,9 @@ def register_code(code: str, severity: Severity, title: str, hint: str, *,
         raise ValueError(f"Finding code {code!r} must be `<stage>.<name>` with stage in {STAGES}.")
     if severity not in SEVERITIES:
         raise ValueError(f"`severity` must be one of {SEVERITIES}, got {severity!r}.")
-    spec = CodeSpec(code, severity, title, hint, when)
+    if remedy not in REMEDY_KINDS:
+        raise ValueError(f"`remedy` must be one of {REMEDY_KINDS}, got {remedy!r}.")
+    spec = CodeSpec(code, severity, title, hint, when, remedy)
     if code in CODES and CODES[code] != spec:
         raise ValueError(f"Finding code {code!r} is already registered differently.")
     CODES[code] = spec
@@ -535,6 +558,10 @@ class Finding:
     layer: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     explained_by: list[str] = field(default_factory=list)
+    #: The lead's fix tried on a copy of the run (``None``: not tried; docs/remedies.md):
+    #: ``{"kind", "change", "before", "after", "verdict", "reason"}`` and, for a fix that was
+    #: not confirmed, ``"next_candidate"``.
+    remedy: dict[str, Any] | None = None
 
     @classmethod
     def create(
@@ -593,14 +620,18 @@ class Finding:
         """The finding as a JSON-ready dict (the report schema's ``findings[]`` item)."""
         out = asdict(self)
         out["explained_by"] = list(self.explained_by)
-        return {key: out[key] for key in _FIELD_ORDER}
+        data = {key: out[key] for key in _FIELD_ORDER}
+        if self.remedy is not None:  # optional: reports without a remedy trial stay as they were
+            data["remedy"] = _jsonable(self.remedy)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
         """Rebuild a finding from :meth:`to_dict` output (e.g. a checkpoint or report)."""
         values = {key: data[key] for key in _FIELD_ORDER if key in data}
         values["explained_by"] = list(values.get("explained_by") or [])
-        return cls(**values)
+        remedy = data.get("remedy")
+        return cls(**values, remedy=dict(remedy) if isinstance(remedy, Mapping) else None)
 
 
 _FIELD_ORDER = (

@@ -41,6 +41,7 @@ from lightning_triage.plots import grad_plot as _grad_plot
 from lightning_triage.plots import init_plot as _init_plot
 from lightning_triage.plots import initial_loss as _initial_loss
 from lightning_triage.plots import loss_plot as _loss_plot
+from lightning_triage.report import remedy_line
 
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
                  "error": "#8e44ad", "not run": "#7f8c8d"}
@@ -73,6 +74,14 @@ figcaption{font-size:12.5px;color:#566573;width:0;min-width:100%}
 .muted{color:#7f8c8d}
 """
 
+
+
+def _remedy_html(f: Mapping[str, Any]) -> Markup:
+    """The finding's remedy trial as a paragraph (empty when there is nothing to say)."""
+    trial = remedy_line(f["code"], f.get("remedy"))
+    if trial is None:
+        return Markup("")
+    return Markup("<p><b>Remedy:</b> {}</p>").format(_md_code(trial))
 
 def _join(parts: Iterable[Any], sep: str = "") -> Markup:
     """Join markup and text (text is escaped)."""
@@ -150,10 +159,11 @@ def _header(report: Mapping[str, Any]) -> Markup:
             '<div class="verdict" style="--c:{color}"><div>Verdict: <b>{errors} error(s), '
             '{warnings} warning(s)</b>. Start here: <span class="code">{first}</span>{where}</div>'
             "<p><b>What:</b> {title}.</p><p><b>Why:</b> {message}</p>"
-            "<p><b>Next:</b> {hint}</p></div>").format(
+            "<p><b>Next:</b> {hint}</p>{trial}</div>").format(
                 color=_SEV_COLOR[lead["severity"]], errors=counts["error"],
                 warnings=counts["warning"], first=first, where=where, title=lead["title"],
-                message=_md_code(lead["message"]), hint=_md_code(lead["hint"]))
+                message=_md_code(lead["message"]), hint=_md_code(lead["hint"]),
+                trial=_remedy_html(lead))
     else:
         verdict = Markup(
             '<div class="verdict" style="--c:#1e8449"><div><b>Verdict: no problems found.</b> '
@@ -335,7 +345,8 @@ def _finding(f: Mapping[str, Any]) -> Markup:
     return Markup(
         '<div class="finding" style="--c:{color}">{sev} <code><b>{code}</b></code> {title} '
         '<span class="meta">({where})</span>{explained}<p>{message}</p><p><i>Next:</i> {hint}</p>'
-        "<details><summary>evidence</summary><pre>{evidence}</pre></details></div>").format(
+        "{trial}<details><summary>evidence</summary><pre>{evidence}</pre></details></div>").format(
+        trial=_remedy_html(f) if f.get("remedy") else "",
         color=_SEV_COLOR.get(f["severity"], "#555"), sev=_sev(f["severity"]), code=f["code"],
         title=f["title"], where=_join(where, ", "),
         explained=Markup('<p class="muted">Explained by {}: fix that first.</p>').format(

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from lightning_triage.errors import TriageReportError
 from lightning_triage.findings import (
+    CODES,
     SEVERITIES,
     Finding,
     explain_findings,
@@ -150,6 +151,60 @@ class TriageGateError(AssertionError):
             f"'{severity}' or worse{where}\n{describe_findings(self.findings)}")
 
 
+# ---------------------------------------------------------------------------- remedy
+def _loss_text(entry: Any) -> str:
+    if not isinstance(entry, dict):
+        return "?"
+    if entry.get("finite") is False or entry.get("loss") is None:
+        at = entry.get("nonfinite_at_step")
+        return "non-finite" + ("" if at is None else f" (step {at})")
+    return f"{float(entry['loss']):.4g}"
+
+
+def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
+    """One line on the remedy trial of a finding, for the console, the Markdown and the HTML
+    (``None``: nothing to say). Codes whose evidence is causal say so without a trial.
+
+    Example:
+        >>> remedy_line("curve.lr_too_high", {"kind": "lr_down", "verdict": "confirmed",
+        ...     "change": "every param group's learning rate / 10 (lr 0.1 -> 0.01)",
+        ...     "before": {"lr": 0.1, "loss": 4.1, "finite": True, "steps": 30},
+        ...     "after": {"lr": 0.01, "loss": 0.62, "finite": True, "steps": 30}, "reason": ""})
+        'confirmed on a copy: lr 0.1 -> 0.01, loss after 30 steps 4.1 -> 0.62'
+        >>> remedy_line("structure.causal_leak", None)[:55]
+        'no remedy trial needed: the evidence is already causal '
+    """
+    if remedy is None:
+        spec = CODES.get(code)
+        if spec is not None and spec.remedy == "causal":
+            return ("no remedy trial needed: the evidence is already causal (a probe on a copy "
+                    "changed one input and watched the outputs)")
+        return None
+    verdict = remedy.get("verdict")
+    if verdict == "skipped":
+        return f"remedy not tried: {remedy.get('reason', '')}"
+    if verdict == "inconclusive":
+        return f"remedy inconclusive on a copy: {remedy.get('reason', '')}"
+    before, after = remedy.get("before") or {}, remedy.get("after") or {}
+    if remedy.get("kind") == "float32_replay":
+        return f"{verdict} on a copy: the failing step is finite when replayed in float32"
+    text = f"{verdict} on a copy: "
+    if isinstance(before.get("lr"), (int, float)) and isinstance(after.get("lr"), (int, float)):
+        text += f"lr {before['lr']:.3g} -> {after['lr']:.3g}, "
+    else:
+        text += f"{remedy.get('change', '')}, "
+    text += f"loss after {before.get('steps', '?')} steps {_loss_text(before)} -> {_loss_text(after)}"
+    if verdict == "not confirmed":
+        tried = remedy.get("tried") or []
+        if tried:
+            text += f" (tried {', '.join(str(t) for t in tried)})"
+        nxt = remedy.get("next_candidate")
+        text += (f"; next candidate: `{nxt}`" if nxt else
+                 "; no other candidate in this report")
+    return text
+
+
+
 # ---------------------------------------------------------------------------- Markdown
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
@@ -198,6 +253,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                   _md_text(stage_line(lead['code'])), "",
                   f"**{_md_text(lead['title'])}.** {_md_code(lead['message'])}", "",
                   f"Next: {_md_code(lead['hint'])}", ""]
+        trial = remedy_line(lead["code"], lead.get("remedy"))
+        if trial is not None:  # the lead's fix tried on a copy (docs/remedies.md)
+            lines += [f"Remedy: {_md_code(trial)}", ""]
     else:
         lines += ["## No problems found", ""]
     if report["findings"]:
@@ -376,6 +434,10 @@ def print_report(report: Mapping[str, Any], console: Any | None = None,
         console.print(Padding(Text(plain(lead["message"], CONSOLE_CHARS)), (0, 0, 0, 2)))
         console.print(Padding(Text.assemble(("Next: ", "bold"), plain(lead["hint"], CONSOLE_CHARS)),
                               (0, 0, 0, 2)))
+        trial = remedy_line(lead["code"], lead.get("remedy"))
+        if trial is not None:  # the lead's fix tried on a copy (docs/remedies.md)
+            console.print(Padding(Text.assemble(("Remedy: ", "bold"), plain(trial, CONSOLE_CHARS)),
+                                  (0, 0, 0, 2)))
     else:
         console.print(Text("No problems found.", style="bold green"))
     counts = _counts(report)

@@ -72,7 +72,7 @@ BAD: dict[type, dict[str, Any]] = {
     StructureProbe: dict(causal="yes", forward_fn=3, input_key=KEY, target_key=KEY,
                          max_examples=1, tolerance=1.0, time_budget=0, ignore_index="x",
                          strict="no"),
-    TriageReport: dict(report_dir=3, verbose="yes", html="yes", log_findings="yes",
+    TriageReport: dict(report_dir=3, verbose="yes", html="yes", log_findings="yes", verify_remedies="yes",
                        fail_on="fatal", strict="no"),
     WorstErrors: dict(k=0, input_key=KEY, target_key=KEY, index_key=KEY, image_shape=(0, 8),
                       thumbnail_side=200, ignore_index="x", strict="no"),
@@ -82,7 +82,7 @@ BAD: dict[type, dict[str, Any]] = {
                  on_nonfinite="raise", numerics_mode="fast", numerics_check_every_n_steps=0,
                  window_epochs=-1, window_steps=0, watch="yes", on_spike="stop",
                  stochastic_eval="yes", padding_mask_key=KEY, fail_on="fatal", html="yes",
-                 log_findings="yes"),
+                 log_findings="yes", verify_remedies="yes"),
 }
 CASES = [pytest.param(cls, name, value, id=f"{cls.__name__}.{name}")
          for cls, bad in BAD.items() for name, value in bad.items()]

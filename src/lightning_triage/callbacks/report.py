@@ -20,6 +20,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_triage.callbacks._args import check_bool, check_choice, fail
+from lightning_triage.callbacks._remedy import RemedyRecorder, verify_lead
 from lightning_triage.callbacks.base import TriageCallback, collect_checks
 from lightning_triage.findings import SEVERITIES, Finding, _jsonable
 from lightning_triage.report import (
@@ -198,6 +199,13 @@ class TriageReport(Callback):
             end of fit (after the report is written) when the report holds findings at that
             severity or worse; ``None`` (default): never.
         strict: raise errors met while building or writing the report instead of warning.
+        verify_remedies: try the lead's fix on a copy of the run before writing the report
+            (docs/remedies.md): for a learning-rate lead, the fit's first recorded batches are
+            replayed from its starting state as they were and with the learning rate divided
+            (or multiplied) by 10, then 100; the lead's finding gets a ``remedy`` block
+            (confirmed, not confirmed, inconclusive or skipped, and why). It keeps the fit's
+            starting state and first 30 batches on the host; a run with no such lead runs
+            nothing. Under DDP rank 0 runs it on its own batches, with no collective.
 
     When ``report_dir`` cannot be written, setup warns once and the run goes on without files
     (the summary is still printed and :attr:`report` still built).
@@ -219,11 +227,11 @@ class TriageReport(Callback):
 
     def __init__(self, *, report_dir: str | os.PathLike[str] | None = None, verbose: bool = True,
                  html: bool = True, log_findings: bool = True, fail_on: FailOn | None = None,
-                 strict: bool = False) -> None:
+                 strict: bool = False, verify_remedies: bool = True) -> None:
         if report_dir is not None and not isinstance(report_dir, (str, os.PathLike)):
             raise fail("report_dir", report_dir, "a path or None")
         for name, flag in (("verbose", verbose), ("html", html), ("log_findings", log_findings),
-                           ("strict", strict)):
+                           ("strict", strict), ("verify_remedies", verify_remedies)):
             check_bool(name, flag)
         check_choice("fail_on", fail_on, _FAIL_ON)
         self.strict = strict
@@ -232,6 +240,9 @@ class TriageReport(Callback):
         self.html = html
         self.log_findings = log_findings
         self.fail_on = fail_on
+        self.verify_remedies = verify_remedies
+        #: the fit's starting state and first batches, for the remedy trial
+        self.remedies = RemedyRecorder()
         self._logged: dict[str, int] = dict.fromkeys(SEVERITIES, 0)
         self.report: dict[str, Any] | None = None
         self.paths: list[Path] = []
@@ -260,9 +271,38 @@ class TriageReport(Callback):
             self._no_files = True
         self._resolved_dir = directory
         self._logged = dict.fromkeys(SEVERITIES, 0)
+        self.remedies.reset()
+        self.idle = not self.verify_remedies
         listener = self._on_finding if self.log_findings else None
         for check in collect_checks(trainer.callbacks):  # type: ignore[attr-defined]
             check.finding_listener = listener
+
+    @property
+    def idle(self) -> bool:
+        """``True`` once the remedy recorder has what it needs: the :class:`~lightning_triage.
+        Triage` bundle then stops calling :meth:`on_train_batch_start`."""
+        return getattr(self, "_idle", False)
+
+    @idle.setter
+    def idle(self, value: bool) -> None:
+        if value != getattr(self, "_idle", False):
+            TriageCallback.idle_version += 1
+            self._idle = value
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self.idle or self._resolved_dir is None:
+            return
+        try:
+            self.remedies.record(trainer, pl_module, batch)
+        except Exception as exc:  # never break the run over the recording
+            if self.strict:
+                raise
+            self.remedies.reason = f"recording failed: {type(exc).__name__}: {exc}"
+            self.remedies.done = True
+        if self.remedies.done:
+            self.idle = True
 
     # ------------------------------------------------------------------ loggers
     def _on_finding(self, trainer: pl.Trainer, finding: Finding) -> None:
@@ -317,6 +357,10 @@ class TriageReport(Callback):
             findings = [Finding.from_dict(d) for rank_list in gathered for d in rank_list]
         if not trainer.is_global_zero:
             return
+        if self.verify_remedies and status != "interrupted":
+            # rank 0 alone, on a copy, with no collective (the other ranks wait in the gate)
+            findings = verify_lead(trainer, pl_module, self.remedies, findings,
+                                   strict=self.strict)
         series: dict[str, list[list[float]]] = {}
         details: dict[str, Any] = {}
         for check in checks:

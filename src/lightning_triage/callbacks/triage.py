@@ -96,6 +96,10 @@ class Triage(Callback):
         html: also write the self-contained ``triage_report.html``.
         log_findings: send findings and the summary to the trainer's loggers as they happen
             (``triage/findings_<severity>`` counts; text on TensorBoard).
+        verify_remedies: try the lead's fix on a copy of the run before the report is written
+            (a learning-rate lead: the first 30 batches replayed from the fit's starting state
+            with the learning rate divided or multiplied by 10, then 100); the finding gets a
+            ``remedy`` block. See :class:`TriageReport` and docs/remedies.md.
 
     Raises:
         TriageConfigError: for an argument out of range or of the wrong type; the message names
@@ -146,9 +150,11 @@ class Triage(Callback):
         fail_on: FailOn | None = None,
         html: bool = True,
         log_findings: bool = True,
+        verify_remedies: bool = True,
     ) -> None:
         validate_task(task, num_classes)
         check_bool("overfit", overfit)
+        check_bool("verify_remedies", verify_remedies)
         self.report_dir = None if report_dir is None else str(report_dir)
         self.task = task
         self.num_classes = num_classes
@@ -217,8 +223,10 @@ class Triage(Callback):
         self.fail_on = fail_on
         self.html = html
         self.log_findings = log_findings
+        self.verify_remedies = verify_remedies
         self.report = TriageReport(report_dir=report_dir, verbose=verbose, html=html,
-                                   log_findings=log_findings, fail_on=fail_on, strict=strict)
+                                   log_findings=log_findings, fail_on=fail_on, strict=strict,
+                                   verify_remedies=verify_remedies)
         # one step path: the watches that stay on read the loss and the gradient norms once per
         # step together (the first to ask computes, the others read)
         self.step_state = StepState()
@@ -288,7 +296,7 @@ class Triage(Callback):
         for hook in _PER_STEP:
             callees = self._active[hook] = [
                 c for c in self._all_callees(hook)
-                if not (isinstance(c[0], TriageCallback) and c[0].idle)]
+                if not getattr(c[0], "idle", False)]  # the checks and the report's recorder
             if not callees and self._in_fit:
                 skip_hook(self, hook)
 

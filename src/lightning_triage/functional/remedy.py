@@ -1,0 +1,294 @@
+"""Verified remedies: does the lead's fix, tried on a copy of the run, cure the symptom?
+
+The experiment (run by :class:`~lightning_triage.TriageReport` on a copy of the model, see
+docs/remedies.md) replays the fit's first recorded batches from the fit's starting state twice
+or more: as it is, then with the remedy (a learning rate divided or multiplied by 10, then 100).
+After each replay the model's loss is measured on the same recorded batches. This module holds
+the decision over those numbers, free of Lightning and of the model:
+
+- the as-is replay must **reproduce the symptom** (:func:`symptom_reproduced`): for a learning
+  rate too high, the loss blows up, rises, or makes no real progress; for one too low, it makes
+  no real progress. Otherwise the verdict is ``"inconclusive"``, never ``"confirmed"``;
+- a remedied replay **works** (:func:`remedy_works`) when it stays finite and its loss ends lower
+  than the as-is one by a margin (``min_gain`` of the as-is loss) *and* by ``z`` standard errors
+  of the per-batch paired differences (the same batches measured after both replays), or, when
+  the as-is replay blew up, ends finite and below the starting loss by the margin;
+- :func:`decide_remedy` turns the replays into the verdict: ``"confirmed"`` (the first remedy
+  that works), ``"not confirmed"`` (none did), ``"inconclusive"``.
+
+Example:
+    >>> start = [2.3, 2.31, 2.29, 2.3]
+    >>> slow = Replay(steps=[2.3] * 30, end=[2.29, 2.3, 2.28, 2.29])
+    >>> faster = Replay(steps=[2.0] * 30, end=[0.9, 1.0, 0.95, 1.05])
+    >>> d = decide_remedy("lr_up", start, slow, [(10.0, faster)])
+    >>> d.verdict, d.factor
+    ('confirmed', 10.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from lightning_triage.findings import CODES, Finding, RemedyKind, start_here
+
+RemedyVerdict = Literal["confirmed", "not confirmed", "inconclusive", "skipped"]
+REMEDY_VERDICTS: tuple[RemedyVerdict, ...] = ("confirmed", "not confirmed", "inconclusive",
+                                              "skipped")
+#: The kinds that run an experiment (a learning-rate change replayed on a copy).
+EXPERIMENT_KINDS: frozenset[str] = frozenset({"lr_down", "lr_up"})
+
+
+@dataclass(frozen=True)
+class RemedyThresholds:
+    """The margins of the decision (the curve classifier's where they mean the same thing).
+
+    Attributes:
+        low_progress: the as-is replay makes "no real progress" when its loss falls by less
+            than this fraction of the starting loss (the curve classifier's ``low_progress``).
+        rise_ratio: the as-is replay "rose" when a step's loss exceeds this multiple of the
+            starting loss (the curve classifier's ``rise_ratio``).
+        min_gain: a remedy works only if its final loss is below the as-is one by at least this
+            fraction of the as-is loss...
+        z: ...and by this many standard errors of the per-batch paired differences.
+        factors: the learning-rate factors tried, in order (divided for ``lr_down``, multiplied
+            for ``lr_up``); the first that works is reported.
+    """
+
+    low_progress: float = 0.1
+    rise_ratio: float = 1.2
+    min_gain: float = 0.02
+    z: float = 3.0
+    factors: tuple[float, ...] = (10.0, 100.0, 1000.0)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One replay of the recorded batches.
+
+    Attributes:
+        steps: the training loss of each replayed step, in order (it stops at the first
+            non-finite one).
+        end: the loss of the model after the replay on each evaluation batch (empty when the
+            replay blew up).
+    """
+
+    steps: list[float]
+    end: list[float] = field(default_factory=list)
+
+    @property
+    def finite(self) -> bool:
+        """Whether every step and every final loss was finite."""
+        return bool(self.end) and all(math.isfinite(v) for v in (*self.steps, *self.end))
+
+    @property
+    def end_loss(self) -> float:
+        """The mean final loss (``inf`` when the replay blew up)."""
+        return sum(self.end) / len(self.end) if self.finite else math.inf
+
+    def summary(self, lr: float | None = None) -> dict[str, Any]:
+        """The report's ``before``/``after`` entry: steps, final loss, finite, learning rate."""
+        out: dict[str, Any] = {"steps": len(self.steps), "finite": self.finite,
+                               "loss": self.end_loss if self.finite else None}
+        if not self.finite:
+            bad = next((i for i, v in enumerate(self.steps) if not math.isfinite(v)), None)
+            out["nonfinite_at_step"] = bad
+        if lr is not None:
+            out["lr"] = lr
+        return out
+
+
+@dataclass(frozen=True)
+class RemedyDecision:
+    """What :func:`decide_remedy` decided.
+
+    Attributes:
+        verdict: ``"confirmed"``, ``"not confirmed"`` or ``"inconclusive"``.
+        reason: why, with the numbers.
+        factor: the factor that worked (``None`` unless confirmed).
+        tried: the factors tried, in order.
+    """
+
+    verdict: RemedyVerdict
+    reason: str
+    factor: float | None = None
+    tried: tuple[float, ...] = ()
+
+
+def remedy_kind(finding: Finding) -> RemedyKind:
+    """The remedy of ``finding``: its code's (the registry's ``remedy``), except a
+    ``grad.update_ratio`` far *above* ~1e-3, whose fix is a lower learning rate.
+
+    Example:
+        >>> f = Finding.create("grad.update_ratio", "ratio 0.9", check="T",
+        ...                    evidence={"direction": "above"})
+        >>> remedy_kind(f), remedy_kind(Finding.create("curve.lr_too_low", "slow", check="T"))
+        ('lr_down', 'lr_up')
+    """
+    spec = CODES.get(finding.code)
+    kind: RemedyKind = spec.remedy if spec is not None else "none"
+    if finding.code == "grad.update_ratio" and finding.evidence.get("direction") == "above":
+        return "lr_down"
+    return kind
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def symptom_reproduced(kind: RemedyKind, start: Sequence[float], as_is: Replay,
+                       thresholds: RemedyThresholds | None = None) -> tuple[bool, str]:
+    """Whether the as-is replay shows the symptom the remedy targets, and what it showed.
+
+    ``lr_down``: the loss went non-finite, rose above ``rise_ratio`` x the starting loss, or
+    fell by less than ``low_progress``. ``lr_up``: the loss stayed finite and fell by less than
+    ``low_progress``.
+
+    Example:
+        >>> symptom_reproduced("lr_up", [2.3], Replay([2.3] * 20, [2.29]))[0]
+        True
+        >>> symptom_reproduced("lr_up", [2.3], Replay([1.0] * 20, [0.5]))
+        (False, 'the as-is replay made real progress (loss 2.3 -> 0.5, 78% lower)')
+    """
+    th = thresholds or RemedyThresholds()
+    s = _mean(start)
+    if not as_is.finite:
+        if kind == "lr_down":
+            return True, "the as-is replay went non-finite"
+        return False, "the as-is replay went non-finite (not a slow loss)"
+    end = as_is.end_loss
+    progress = (s - end) / abs(s) if s else 0.0
+    peak = max(as_is.steps, default=s)
+    if kind == "lr_down" and s > 0 and peak > th.rise_ratio * s:
+        return True, f"the as-is replay's loss rose to {_fmt(peak)} ({peak / s:.2f}x the start)"
+    if progress < th.low_progress:
+        return True, (f"the as-is replay made no real progress (loss {_fmt(s)} -> {_fmt(end)}, "
+                      f"{100 * progress:+.1f}%)")
+    return False, (f"the as-is replay made real progress (loss {_fmt(s)} -> {_fmt(end)}, "
+                   f"{100 * progress:.0f}% lower)")
+
+
+def remedy_works(start: Sequence[float], as_is: Replay, remedied: Replay,
+                 thresholds: RemedyThresholds | None = None) -> tuple[bool, str]:
+    """Whether the remedied replay cured the symptom, and why (see the module docstring).
+
+    Example:
+        >>> as_is = Replay([2.3] * 5, [2.3, 2.2, 2.4, 2.3])
+        >>> remedy_works([2.3] * 4, as_is, Replay([2.0] * 5, [1.1, 1.0, 1.2, 1.1]))[0]
+        True
+        >>> remedy_works([2.3] * 4, as_is, Replay([2.0] * 5, [2.29, 2.2, 2.39, 2.3]))[0]
+        False
+    """
+    th = thresholds or RemedyThresholds()
+    if not remedied.finite:
+        return False, "the remedied replay went non-finite too"
+    after = remedied.end_loss
+    if not as_is.finite:
+        s = _mean(start)
+        if after < s - th.min_gain * abs(s):
+            return True, f"finite, and the loss ends below its start ({_fmt(s)} -> {_fmt(after)})"
+        return False, f"finite, but the loss does not end below its start ({_fmt(s)} -> {_fmt(after)})"
+    before = as_is.end_loss
+    diffs = [a - b for a, b in zip(as_is.end, remedied.end, strict=False)]
+    gain = _mean(diffs)
+    n = len(diffs)
+    if n >= 2:
+        var = sum((d - gain) ** 2 for d in diffs) / (n - 1)
+        se = math.sqrt(var / n)
+    else:
+        se = math.inf
+    margin = th.min_gain * abs(before)
+    if gain > margin and gain > th.z * se:
+        return True, (f"the loss ends lower: {_fmt(before)} -> {_fmt(after)} "
+                      f"({100 * gain / abs(before):.0f}% lower, {gain / se if se else math.inf:.1f} "
+                      "standard errors)")
+    return False, (f"the loss does not end clearly lower: {_fmt(before)} -> {_fmt(after)} (needs "
+                   f"{100 * th.min_gain:.0f}% and {th.z:g} standard errors)")
+
+
+def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
+                  remedied: Sequence[tuple[float, Replay]],
+                  thresholds: RemedyThresholds | None = None) -> RemedyDecision:
+    """The verdict of a learning-rate remedy over the replays.
+
+    Args:
+        kind: ``"lr_down"`` or ``"lr_up"``.
+        start: the per-batch losses of the starting state on the evaluation batches.
+        as_is: the replay with the run's own settings.
+        remedied: ``(factor, replay)`` for each remedy tried, in order.
+        thresholds: the margins.
+
+    Example:
+        >>> blew_up = Replay([2.3, 40.0, float("inf")])
+        >>> tamed = Replay([2.3] * 30, [0.8, 0.7, 0.9])
+        >>> decide_remedy("lr_down", [2.3, 2.3, 2.3], blew_up, [(10.0, tamed)]).verdict
+        'confirmed'
+        >>> decide_remedy("lr_up", [2.3] * 3, Replay([1.0] * 30, [0.5, 0.5, 0.6]), []).verdict
+        'inconclusive'
+    """
+    th = thresholds or RemedyThresholds()
+    shown, what = symptom_reproduced(kind, start, as_is, th)
+    tried = tuple(f for f, _ in remedied)
+    if not shown:
+        return RemedyDecision("inconclusive", f"{what}: the symptom did not reproduce on the "
+                              "replayed steps, so the remedy cannot be judged", None, tried)
+    reasons = []
+    for factor, replay in remedied:
+        ok, why = remedy_works(start, as_is, replay, th)
+        if ok:
+            return RemedyDecision("confirmed", f"{what}; with the remedy (x{_factor(kind, factor)}) "
+                                  f"{why}", factor, tried)
+        reasons.append(f"x{_factor(kind, factor)}: {why}")
+    if not remedied:
+        return RemedyDecision("inconclusive", f"{what}; no remedied replay ran", None, tried)
+    return RemedyDecision("not confirmed", f"{what}; " + "; ".join(reasons), None, tried)
+
+
+def _factor(kind: RemedyKind, factor: float) -> str:
+    return f"1/{factor:g}" if kind == "lr_down" else f"{factor:g}"
+
+
+def next_candidate(findings: Sequence[Finding], challenged: Finding) -> str | None:
+    """The finding to look at when ``challenged``'s remedy was not confirmed: the first lead
+    (:func:`~lightning_triage.findings.start_here`) of the report without it and without the
+    findings its failed experiment refutes as well (those with the same remedy kind).
+
+    Example:
+        >>> low = Finding.create("curve.lr_too_low", "slow", check="T", global_step=90)
+        >>> ratio = Finding.create("grad.update_ratio", "tiny", check="T",
+        ...                        evidence={"direction": "below"})
+        >>> failed = Finding.create("overfit.failed", "no", check="T", global_step=0)
+        >>> next_candidate([low, ratio, failed], low)
+        'overfit.failed'
+    """
+    kind = remedy_kind(challenged)
+    rest = [f for f in findings if f.code != challenged.code
+            and not (kind in EXPERIMENT_KINDS and remedy_kind(f) == kind)]
+    return start_here(rest)
+
+
+def with_remedy(finding: Finding, block: dict[str, Any]) -> Finding:
+    """``finding`` carrying ``block`` (its message unchanged)."""
+    return replace(finding, remedy=dict(block))
+
+
+__all__ = [
+    "EXPERIMENT_KINDS",
+    "REMEDY_VERDICTS",
+    "RemedyDecision",
+    "RemedyThresholds",
+    "RemedyVerdict",
+    "Replay",
+    "decide_remedy",
+    "next_candidate",
+    "remedy_kind",
+    "remedy_works",
+    "symptom_reproduced",
+    "with_remedy",
+]

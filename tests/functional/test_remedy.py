@@ -1,0 +1,163 @@
+"""The decision of a remedy trial (functional.remedy), the registry's remedy kinds, the ranking
+of an unconfirmed lead and the report's remedy block (schema, console, Markdown, HTML)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from rich.console import Console
+
+from lightning_triage.findings import CODES, REMEDY_KINDS, Finding, register_code, start_here
+from lightning_triage.functional.remedy import (
+    RemedyThresholds,
+    Replay,
+    decide_remedy,
+    next_candidate,
+    remedy_kind,
+    remedy_works,
+    symptom_reproduced,
+    with_remedy,
+)
+from lightning_triage.html import render_html
+from lightning_triage.report import build_report, print_report, remedy_line, render_markdown
+from lightning_triage.schema import validate_report
+from tests.report_samples import broken_report
+
+START = [2.30, 2.31, 2.29, 2.30, 2.32, 2.28]
+
+
+def replay(end: list[float], steps: list[float] | None = None) -> Replay:
+    return Replay(steps if steps is not None else [2.3] * 30, end)
+
+
+def test_registry_declares_the_remedies_of_this_slice() -> None:
+    kinds = {code: spec.remedy for code, spec in CODES.items() if spec.remedy != "none"}
+    assert {c for c, k in kinds.items() if k == "lr_down"} == {
+        "curve.lr_too_high", "curve.diverging", "grad.exploding"}
+    assert {c for c, k in kinds.items() if k == "lr_up"} == {
+        "curve.lr_too_low", "curve.not_learning", "grad.update_ratio"}
+    assert kinds["numerics.precision_overflow"] == "float32_replay"
+    assert {c for c, k in kinds.items() if k == "causal"} == {
+        "structure.batch_mixing", "structure.causal_leak", "structure.target_leak",
+        "structure.padding_leak"}
+    assert all(spec.remedy in REMEDY_KINDS for spec in CODES.values())
+    with pytest.raises(ValueError, match="remedy"):
+        register_code("curve.new_thing", "warning", "t", "h", remedy="magic")  # type: ignore[arg-type]
+
+
+def test_update_ratio_direction_picks_the_remedy() -> None:
+    above = Finding.create("grad.update_ratio", "big", check="T", evidence={"direction": "above"})
+    below = Finding.create("grad.update_ratio", "tiny", check="T", evidence={"direction": "below"})
+    assert (remedy_kind(above), remedy_kind(below)) == ("lr_down", "lr_up")
+
+
+@pytest.mark.parametrize(("kind", "as_is", "shown"), [
+    ("lr_down", replay([], [2.3, 9.0, math.inf]), True),       # blew up
+    ("lr_down", replay([2.2] * 6, [2.3, 3.5, 2.4]), True),       # rose 1.5x
+    ("lr_down", replay([2.25] * 6), True),                       # 2% progress
+    ("lr_down", replay([1.0] * 6), False),                       # trained fine
+    ("lr_up", replay([2.28] * 6), True),                         # no real progress
+    ("lr_up", replay([1.2] * 6), False),                         # 48% progress
+    ("lr_up", replay([], [2.3, math.nan]), False),               # a blow-up is not slowness
+])
+def test_symptom_must_reproduce(kind: str, as_is: Replay, shown: bool) -> None:
+    assert symptom_reproduced(kind, START, as_is)[0] is shown  # type: ignore[arg-type]
+
+
+def test_remedy_needs_margin_and_significance() -> None:
+    as_is = replay([2.30, 2.20, 2.40, 2.30, 2.25, 2.35])
+    # clearly lower on every batch
+    assert remedy_works(START, as_is, replay([1.1, 1.0, 1.2, 1.1, 1.05, 1.15]))[0]
+    # lower on average by 1% only: below the 2% margin
+    assert not remedy_works(START, as_is, replay([v - 0.023 for v in as_is.end]))[0]
+    # lower on average by 4%, but one noisy batch carries it all: not significant
+    noisy = list(as_is.end)
+    noisy[0] -= 0.55
+    assert not remedy_works(START, as_is, replay(noisy))[0]
+    # non-finite remedy never works
+    assert not remedy_works(START, as_is, replay([], [2.3, math.inf]))[0]
+    # a blown-up as-is: the remedy must end finite and below the start
+    blew = replay([], [2.3, math.inf])
+    assert remedy_works(START, blew, replay([1.5] * 6))[0]
+    assert not remedy_works(START, blew, replay([2.29] * 6))[0]
+
+
+def test_decide_verdicts() -> None:
+    slow = replay([2.29] * 6)
+    fast = replay([1.0] * 6)
+    d = decide_remedy("lr_up", START, slow, [(10.0, replay([2.28] * 6)), (100.0, fast)])
+    assert (d.verdict, d.factor, d.tried) == ("confirmed", 100.0, (10.0, 100.0))
+    d = decide_remedy("lr_up", START, slow, [(10.0, replay([2.28] * 6)),
+                                             (100.0, replay([], [2.3, math.inf]))])
+    assert d.verdict == "not confirmed" and "non-finite" in d.reason
+    # the symptom did not reproduce: never confirmed, however good the remedy looks
+    d = decide_remedy("lr_up", START, replay([1.2] * 6), [(10.0, replay([0.1] * 6))])
+    assert d.verdict == "inconclusive"
+
+
+def test_thresholds_are_the_curve_classifiers() -> None:
+    from lightning_triage.functional.curve import CurveThresholds
+
+    th, curve = RemedyThresholds(), CurveThresholds()
+    assert (th.low_progress, th.rise_ratio) == (curve.low_progress, curve.rise_ratio)
+
+
+def _block(verdict: str, **extra: object) -> dict[str, object]:
+    return {"kind": "lr_up", "change": "every param group's learning rate x 10 (lr 0.001 -> 0.01)",
+            "before": {"lr": 1e-3, "loss": 2.30, "finite": True, "steps": 30, "loss_start": 2.31},
+            "after": {"lr": 1e-2, "loss": 2.29, "finite": True, "steps": 30, "loss_start": 2.31},
+            "verdict": verdict, "reason": "numbers", "tried": ["x10"], **extra}
+
+
+def test_an_unconfirmed_lead_yields_to_its_stage_and_names_the_next_candidate() -> None:
+    low = Finding.create("curve.lr_too_low", "slow", check="T", global_step=10)
+    plateau = Finding.create("curve.plateau_at_chance", "at chance", check="T", global_step=50)
+    ratio = Finding.create("grad.update_ratio", "tiny", check="T", evidence={"direction": "below"})
+    assert start_here([low, plateau, ratio]) == "curve.lr_too_low"
+    challenged = with_remedy(low, _block("not confirmed"))
+    assert start_here([challenged, plateau, ratio]) == "curve.plateau_at_chance"
+    # a later stage does not overtake it: the report challenges it and names the candidate
+    assert start_here([challenged, ratio]) == "curve.lr_too_low"
+    # the same remedy (a larger learning rate) was refuted for the update ratio too
+    assert next_candidate([challenged, ratio, plateau], challenged) == "curve.plateau_at_chance"
+    assert next_candidate([challenged, ratio], challenged) is None
+    # a confirmed one keeps its place
+    assert start_here([with_remedy(low, _block("confirmed")), plateau]) == "curve.lr_too_low"
+
+
+def test_report_carries_the_block_and_old_reports_stay_valid() -> None:
+    run = broken_report()["run"]
+    low = Finding.create("curve.lr_too_low", "slow", check="T", global_step=10)
+    plain_report = build_report([low], status="completed", run=run)
+    assert "remedy" not in plain_report["findings"][0]  # unchanged when nothing was tried
+    validate_report(plain_report)
+    f = with_remedy(low, _block("not confirmed", next_candidate=None, seconds=0.2))
+    assert Finding.from_dict(f.to_dict()) == f
+    report = build_report([f], status="completed", run=run)
+    validate_report(report)
+    bad = build_report([with_remedy(low, {**_block("confirmed"), "verdict": "maybe"})],
+                       status="completed", run=run)
+    with pytest.raises(ValueError, match="verdict"):
+        validate_report(bad)
+    line = remedy_line("curve.lr_too_low", report["findings"][0]["remedy"])
+    assert line == ("not confirmed on a copy: lr 0.001 -> 0.01, loss after 30 steps 2.3 -> 2.29 "
+                    "(tried x10); no other candidate in this report")
+    assert "Remedy: not confirmed on a copy: lr 0.001 -> 0.01" in render_markdown(report)
+    assert "<b>Remedy:</b> not confirmed on a copy" in render_html(report)
+    console = Console(record=True, width=200)
+    print_report(report, console=console)
+    assert "Remedy: not confirmed on a copy: lr 0.001 -> 0.01" in console.export_text()
+
+
+def test_remedy_lines() -> None:
+    assert remedy_line("curve.lr_too_low", None) is None
+    assert "causal" in (remedy_line("structure.target_leak", None) or "")
+    skipped = {"kind": "lr_down", "change": "c", "verdict": "skipped", "reason": "manual optimization"}
+    assert remedy_line("curve.diverging", skipped) == "remedy not tried: manual optimization"
+    blew = _block("confirmed")
+    blew["before"] = {"lr": 50.0, "loss": None, "finite": False, "steps": 13,
+                      "nonfinite_at_step": 4}
+    blew["after"] = {"lr": 0.5, "loss": 0.59, "finite": True, "steps": 13}
+    assert remedy_line("curve.diverging", blew) == (
+        "confirmed on a copy: lr 50 -> 0.5, loss after 13 steps non-finite (step 4) -> 0.59")
