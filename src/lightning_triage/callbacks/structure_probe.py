@@ -407,7 +407,19 @@ class StructureProbe(ProbeCallback):
     def _check_gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule, copy_a: Any,
                          x: Tensor, y: Tensor | None, rec_a: ModuleRecorder) -> int:
         with self._model(trainer, pl_module) as model:
-            return self._gradients(trainer, model, copy_a, x, y, rec_a)
+            try:
+                return self._gradients(trainer, model, copy_a, x, y, rec_a)
+            except RuntimeError as exc:
+                if "use_reentrant" not in str(exc):
+                    raise
+        # reentrant activation checkpointing refuses `torch.autograd.grad`, which these
+        # probes are made of: a standard set-up, not a fault of the model
+        why = "reentrant activation checkpointing (`use_reentrant=True`) refuses `torch.autograd.grad`"
+        self.results["batch_mixing"] = f"skipped: {why}"
+        self._skipped(trainer, why, "Checkpoint with `use_reentrant=False` (PyTorch's "
+                      "recommendation) to probe for batch mixing and causal leaks.",
+                      part="gradient probes (batch mixing, causal)")
+        return 1
 
     def _gradient_pass(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                        choice: LeafPlan, x_g: Tensor, y_g: Tensor | None,
