@@ -119,6 +119,14 @@ def _big_int(value: int, notes: SafeNotes | None) -> str:
     return str(value)
 
 
+def _key(key: Any, notes: SafeNotes | None) -> str:
+    if isinstance(key, str):
+        return safe_str(str.__str__(key), notes)
+    if notes is not None:
+        notes.add("key")
+    return describe(key, notes)
+
+
 def json_safe(value: Any, notes: SafeNotes | None = None, depth: int = 0) -> Any:
     """``value`` as plain JSON values (``dict`` with string keys, ``list``, ``str``, ``int``,
     finite ``float``, ``bool``, ``None``) that every file format encodes. Never raises.
@@ -142,16 +150,7 @@ def json_safe(value: Any, notes: SafeNotes | None = None, depth: int = 0) -> Any
                 notes.add("deep")
             return f"<{_type_name(value)} nested too deeply>"
         if isinstance(value, Mapping):
-            out: dict[str, Any] = {}
-            for k, v in list(value.items()):
-                if not isinstance(k, str):
-                    if notes is not None:
-                        notes.add("key")
-                    key = describe(k, notes)
-                else:
-                    key = safe_str(str.__str__(k), notes)
-                out[key] = json_safe(v, notes, depth + 1)
-            return out
+            return {_key(k, notes): json_safe(v, notes, depth + 1) for k, v in list(value.items())}
         if isinstance(value, (list, tuple)):
             return [json_safe(v, notes, depth + 1) for v in list(value)]
         if type(value).__module__.split(".")[0] in ("numpy", "torch"):

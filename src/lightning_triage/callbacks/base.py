@@ -90,6 +90,7 @@ class TriageCallback(Callback):
         self._idle = False
         self._warned: set[str] = set()
         self._handles: list[RemovableHandle] = []
+        self._in_setup = False  # inside `setup` (see `_starting_fit`)
         #: Called with ``(trainer, finding)`` for each new finding (set by :class:`TriageReport`
         #: to send findings to the loggers as they happen).
         self.finding_listener: Callable[[pl.Trainer, Finding], None] | None = None
@@ -389,7 +390,7 @@ def _starting_fit(setup: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(setup)
     def wrapper(self: TriageCallback, trainer: pl.Trainer, pl_module: pl.LightningModule,
                 stage: str) -> None:
-        outer = not getattr(self, "_in_setup", False)
+        outer = not getattr(self, "_in_setup", False)  # False also for an old pickle
         if outer and stage == "fit":
             self.start_fit()
         self._in_setup = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import tempfile
@@ -432,10 +433,8 @@ class TriageReport(Callback):
             if findings is None:  # the report was not built in this process: ask the checks
                 findings = [f for c in collect_checks(trainer.callbacks)  # type: ignore[attr-defined]
                             for f in c.findings]
-            try:
+            with contextlib.suppress(Exception):  # unsettled: a suspicion stays (fails closed)
                 findings = settle_suspicions(findings)
-            except Exception:  # unsettled: a suspicion keeps its severity (fails closed)
-                pass
             worst = SEVERITIES.index(self.fail_on)
             bad = [f.to_dict() for f in findings if SEVERITIES.index(f.severity) <= worst]
             if self._build_error is not None and not any(
