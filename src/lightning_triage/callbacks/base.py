@@ -7,6 +7,7 @@ and removes every hook it registered when fit ends, tears down or crashes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -23,6 +24,7 @@ from typing_extensions import override
 from lightning_triage.callbacks._args import check_bool, state_key_of
 from lightning_triage.findings import Finding, Severity
 from lightning_triage.functional.verdict import Verdict
+from lightning_triage.report_safe import safe_str
 from lightning_triage.suspicions import SUSPICIONS
 
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
@@ -184,7 +186,10 @@ class TriageCallback(Callback):
             # a suspicion is a warning only if the run shows the trouble: the report settles it
             kind = " (a suspicion: the report says whether the run confirms it)" \
                 if code in SUSPICIONS else ""
-            rank_zero_warn(f"[lightning-triage] {code}{kind}: {message}", category=RuntimeWarning)
+            # made encodable: a message holding a surrogate-escaped file name must not make
+            # the warning (written to stderr) raise into the user's run
+            rank_zero_warn(safe_str(f"[lightning-triage] {code}{kind}: {message}"),
+                           category=RuntimeWarning)
         return finding
 
     def add_verdict(self, trainer: pl.Trainer | None, verdict: Verdict, **evidence: Any) -> Finding:
@@ -277,14 +282,18 @@ class TriageCallback(Callback):
         keep = self.kept_between_fits | self._config_names()
         fresh = getattr(self, "_fresh", None)
         if fresh is None:  # the first fit: what the check holds now is its fresh state
-            fresh = {k: v for k, v in self.__dict__.items() if k not in keep}
-            self._fresh = copy.deepcopy(fresh)
+            self._fresh = fresh = {}
+            for key, value in self.__dict__.items():
+                if key in keep or callable(value):  # config, wiring, functions: not state
+                    continue
+                with contextlib.suppress(Exception):  # what cannot be copied is left alone
+                    fresh[key] = copy.deepcopy(value)
             return
         for key in [k for k in self.__dict__ if k not in keep and k not in fresh]:
-            if key.startswith("_"):  # state made during the last fit
+            if key.startswith("_") and not callable(self.__dict__[key]):  # made in the last fit
                 delattr(self, key)
-        for key, value in copy.deepcopy(fresh).items():
-            setattr(self, key, value)
+        for key, value in fresh.items():
+            setattr(self, key, copy.deepcopy(value))
         self.idle = False
 
     # ------------------------------------------------------------------ hooks
