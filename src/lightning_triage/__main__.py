@@ -94,13 +94,24 @@ def _load(source: str, parser: argparse.ArgumentParser) -> tuple[dict[str, Any],
         _fail(parser, str(exc))
 
 
-def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _console() -> Any:
+    """A rich console whose closed stdout ends the output quietly (rich's own answer to a
+    broken pipe is ``SystemExit(1)``, which would read as "findings found")."""
     from rich.console import Console
 
+    class _Quiet(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            _drop_stdout()
+
+    return _Quiet()
+
+
+def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from lightning_triage.report import print_report
 
     report, path = _load(args.source, parser)
-    _output(lambda: print_report(report, console=Console(), path=path))
+    _output(lambda: print_report(report, console=_console(), path=path))
     return _exit(report, args.fail_on)
 
 
@@ -169,12 +180,11 @@ def _diff(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _print_diff(d: Mapping[str, Any], pa: Path, pb: Path) -> None:
-    from rich.console import Console
     from rich.text import Text
 
     from lightning_triage.report import plain
 
-    console = Console()
+    console = _console()
     console.print(Text(f"A: {plain(pa, 400)}\nB: {plain(pb, 400)}"))
     console.print(Text("settings changed:", style="bold") if d["settings"] else
                   Text("settings: no change", style="bold"))
