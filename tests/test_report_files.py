@@ -76,7 +76,7 @@ def test_a_kill_between_two_files_is_told(tmp_path: Path, capsys: pytest.Capture
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "1000")  # long paths on one line
     write_report(healthy_report(), tmp_path)
-    # a second run is killed (SIGKILL: no cleanup) right after moving its HTML into place
+    # a second run is killed (SIGKILL: no cleanup) right after moving its JSON into place
     code = (
         "import os, sys\n"
         "import lightning_triage.report_files as f\n"
@@ -94,10 +94,11 @@ def test_a_kill_between_two_files_is_told(tmp_path: Path, capsys: pytest.Capture
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(ROOT)], env=env,
                           timeout=120, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr
-    report = load_report(tmp_path)  # the JSON is the healthy run's, whole
-    assert report["start_here"] is None
-    assert stale_files(tmp_path / JSON_NAME, report) == [tmp_path / HTML_NAME]
-    assert main(["show", str(tmp_path)]) == 0
+    report = load_report(tmp_path)  # the JSON (written first) is the new run's, whole
+    assert report["start_here"] is not None
+    assert stale_files(tmp_path / JSON_NAME, report) == [tmp_path / MARKDOWN_NAME,
+                                                         tmp_path / HTML_NAME]
+    assert main(["show", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert f"{tmp_path / HTML_NAME} is from another run" in out
     assert f"full report: {tmp_path / JSON_NAME}" in out

@@ -17,7 +17,9 @@ written. ``show``, ``html`` and ``diff`` import neither torch nor Lightning.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -92,14 +94,54 @@ def _load(source: str, parser: argparse.ArgumentParser) -> tuple[dict[str, Any],
         _fail(parser, str(exc))
 
 
-def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _console() -> Any:
+    """A rich console whose closed stdout ends the output quietly (rich's own answer to a
+    broken pipe is ``SystemExit(1)``, which would read as "findings found")."""
     from rich.console import Console
 
+    class _Quiet(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            _drop_stdout()
+
+    return _Quiet()
+
+
+def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from lightning_triage.report import print_report
 
     report, path = _load(args.source, parser)
-    print_report(report, console=Console(), path=path)
+    _output(lambda: print_report(report, console=_console(), path=path))
     return _exit(report, args.fail_on)
+
+
+def _output(write: Callable[[], None]) -> None:
+    """Run ``write`` (printing to stdout); a stdout closed by its reader (``| head``) or not
+    open at all is no finding: the rest of the output is dropped and the exit code stays the
+    report's."""
+    try:
+        write()
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError, AttributeError) as exc:  # closed file: ValueError
+        if isinstance(exc, (ValueError, AttributeError)) and sys.stdout is not None \
+                and not sys.stdout.closed:
+            raise
+        _drop_stdout()
+    except OSError as exc:
+        if exc.errno not in (errno.EPIPE, errno.EBADF):
+            raise
+        _drop_stdout()
+
+
+def _drop_stdout() -> None:
+    """Point stdout at the null device: nothing more is written, and the interpreter's flush at
+    exit does not fail (Python's advice for ``SIGPIPE``)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -126,27 +168,31 @@ def _html(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         _fail(parser, f"cannot write {out}: {exc}")
     if replaced:  # a symlink is replaced by the page; the file it pointed to is untouched
         print(f"lightning-triage: replaced {replaced} {one_line(str(out))}", file=sys.stderr)
-    print(out)
+    _output(lambda: print(one_line(str(out))))
     return _exit(report, args.fail_on)
 
 
 def _diff(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from rich.console import Console
+    a, pa = _load(args.a, parser)
+    b, pb = _load(args.b, parser)
+    _output(lambda: _print_diff(diff_reports(a, b), pa, pb))
+    return _exit(b, args.fail_on)
+
+
+def _print_diff(d: Mapping[str, Any], pa: Path, pb: Path) -> None:
     from rich.text import Text
 
     from lightning_triage.report import plain
 
-    a, pa = _load(args.a, parser)
-    b, pb = _load(args.b, parser)
-    d = diff_reports(a, b)
-    console = Console()
+    console = _console()
     console.print(Text(f"A: {plain(pa, 400)}\nB: {plain(pb, 400)}"))
     console.print(Text("settings changed:", style="bold") if d["settings"] else
                   Text("settings: no change", style="bold"))
     for key, (old, new) in d["settings"].items():
         console.print(Text(f"  {plain(key)}: {plain(repr(old))} -> {plain(repr(new))}"))
     sa, sb = d["start_here"]
-    console.print(Text.assemble(("start here: ", "bold"), f"{sa or '-'} -> {sb or '-'}"))
+    console.print(Text.assemble(("start here: ", "bold"),
+                                plain(f"{sa or '-'} -> {sb or '-'}", 500)))
     for label, codes, style in (("new", d["new"], "red"), ("gone", d["gone"], "green"),
                                 ("kept", d["kept"], "")):
         if codes:
@@ -154,7 +200,6 @@ def _diff(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                                         plain(", ".join(codes), 4000)))
     if not (d["new"] or d["gone"] or d["kept"]):
         console.print(Text("  no findings in either run"))
-    return _exit(b, args.fail_on)
 
 
 def _demo_epilog() -> str:
@@ -221,8 +266,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             # a report the validator let through but a command could not use: still one line
             _fail(parser, f"cannot use the report: {type(exc).__name__}: {exc}")
     if args.command == "demo":
+        from lightning_triage.demo import SCENARIOS, run_demo
+
+        known = [s.name for s in SCENARIOS]
+        unknown = [n for n in args.scenarios if n not in known]
+        if unknown:
+            _fail(parser, f"unknown scenario(s) {', '.join(map(repr, unknown))}; choose from "
+                          f"{', '.join(known)}")
         logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-        from lightning_triage.demo import run_demo
 
         return run_demo(args.scenarios, args.report_root)
     return 2  # pragma: no cover

@@ -54,9 +54,28 @@ def png(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+#: What a plot draws at most, whatever a report holds: a little above the largest the library
+#: writes (1000 points a series, 40 layers by 128 steps, 8 examples of at most 32 pixels a
+#: side, 12 marked steps), so a small hand-made report costs no more than the largest real one.
+MAX_POINTS = 5000
+MAX_LAYERS = 64
+MAX_STEPS = 256
+MAX_EXAMPLES = 16
+MAX_SIDE = 64
+MAX_CODES = 6
+
+
+def evenly(items: Sequence[Any], k: int) -> list[Any]:
+    """At most ``k`` of ``items``, evenly spaced, the first and last kept."""
+    n = len(items)
+    if n <= k:
+        return list(items)
+    return [items[round(i * (n - 1) / (k - 1))] for i in range(k)]
+
+
 def finite_points(points: Sequence[Sequence[Any]]) -> tuple[list[float], list[float]]:
     xs, ys = [], []
-    for step, value in points:
+    for step, value in evenly(points, MAX_POINTS):
         if value is not None and math.isfinite(float(value)):
             xs.append(float(step))
             ys.append(float(value))
@@ -100,7 +119,9 @@ def loss_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
     for step, found in sorted(marked.items())[:12]:
         color = SEV_COLOR["error" if any(f["severity"] == "error" for f in found) else "warning"]
         ax.axvline(step, color=color, lw=0.9, alpha=0.8)
-        ax.annotate("\n".join(dict.fromkeys(f["code"] for f in found)), (step, 0.98),
+        codes = list(dict.fromkeys(label(f["code"]) for f in found))
+        more = f"\n+{len(codes) - MAX_CODES}" if len(codes) > MAX_CODES else ""
+        ax.annotate("\n".join(codes[:MAX_CODES]) + more, (step, 0.98),
                     xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
                     fontsize=7, color=color)
     ax.set_xlabel("global step")
@@ -123,10 +144,13 @@ def grad_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
     steps = layers.get("steps") or []
     spikes = sorted({int(f["global_step"]) for f in report.get("findings", [])
                      if f["code"] in ("grad.spike", "grad.exploding") and f.get("global_step") is not None})
-    if norms and names and len(norms) == len(steps):
+    if norms and names and len(norms) == len(steps) and len(names) <= MAX_LAYERS:
         import numpy as np
 
-        mat = np.array([[np.nan if v is None else float(v) for v in row] for row in norms]).T
+        picked = evenly(range(len(steps)), MAX_STEPS)
+        steps, norms = [steps[i] for i in picked], [norms[i] for i in picked]
+        mat = np.array([[np.nan if v is None else float(v) for v in row[:len(names)]]
+                        for row in norms]).T
         with np.errstate(divide="ignore", invalid="ignore"):
             logm = np.log10(np.where(mat > 0, mat, np.nan))
         height = min(1.8 + 0.22 * len(names), 6.0)
@@ -201,14 +225,18 @@ def batch_images(figure_cls: Any, batch: Mapping[str, Any]) -> str | None:
 
     kind = batch.get("kind")
     if kind == "image":
-        images = [np.asarray(ex, dtype=float) for ex in batch.get("examples", [])]
+        images = [np.asarray(ex, dtype=float) for ex in batch.get("examples", [])[:MAX_EXAMPLES]]
     elif kind == "table" and batch.get("image_shape") and batch.get("pixels"):
         h, w = batch["image_shape"]
-        images = [np.asarray(row, dtype=float).reshape(1, h, w) for row in batch["pixels"]]
+        if not (0 < h <= MAX_SIDE and 0 < w <= MAX_SIDE):
+            return None
+        images = [np.asarray(row, dtype=float).reshape(1, h, w)
+                  for row in batch["pixels"][:MAX_EXAMPLES]]
     else:
         return None
-    if not images:
-        return None
+    if not images or any(img.ndim != 3 or not 0 < img.shape[0] <= 4 or img.shape[1] > MAX_SIDE
+                         or img.shape[2] > MAX_SIDE for img in images):
+        return None  # not a picture the library writes: the table shows it
     targets = batch.get("targets") or []
     n = len(images)
     h = max(img.shape[1] for img in images)

@@ -11,11 +11,14 @@ cut there; the files hold them in full).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
+import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +32,8 @@ from lightning_triage.findings import (
     stage_line,
     start_here,
 )
-from lightning_triage.report_files import other_runs, run_id_marker, write_files
+from lightning_triage.report_files import directory_lock, other_runs, run_id_marker, stage
+from lightning_triage.report_safe import SafeNotes, describe, json_safe, terminal_text
 from lightning_triage.schema import REPORT_SCHEMA as REPORT_SCHEMA
 from lightning_triage.schema import SCHEMA_ID, one_line, validate_report
 from lightning_triage.suspicions import settle_suspicions
@@ -208,6 +212,7 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
 # ---------------------------------------------------------------------------- Markdown
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+_RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")
 
 
 def _md_text(text: Any) -> str:
@@ -241,7 +246,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     """The report as Markdown: start here, findings by stage, checks. Every string of the
     report is text (Markdown and HTML syntax escaped, table cells kept on one line)."""
     run = report.get("run", {})
-    lines = [run_id_marker(run["run_id"], "md")] if run.get("run_id") else []
+    run_id = run.get("run_id")
+    lines = [run_id_marker(run_id, "md")] if isinstance(run_id, str) and _RUN_ID.match(run_id) \
+        else []
     lines += ["# lightning-triage report", ""]
     lines.append(f"Status: **{_md_text(report['status'])}**"
                  + (f" at step {_md_text(run['global_step'])}" if "global_step" in run else "")
@@ -287,25 +294,105 @@ def with_run_id(report: Mapping[str, Any]) -> dict[str, Any]:
 def write_report(report: Mapping[str, Any], directory: str | Path, *,
                  html: bool = True) -> list[Path]:
     """Write ``triage_report.json``, ``triage_report.md`` and (``html``) the self-contained
-    ``triage_report.html`` into ``directory``; return their paths, the JSON first.
+    ``triage_report.html`` into ``directory``; return the paths written, the JSON first.
 
-    The files carry the report's ``run.run_id`` (one is added when the report has none) and are
-    written atomically and together (:mod:`lightning_triage.report_files`): a failed write
-    leaves the previous report as it was, and two writers to one directory do not mix files.
+    The JSON is the source of truth: the report is first made safe to write
+    (:func:`~lightning_triage.report_safe.json_safe`: lone surrogates replaced, integers no JSON
+    reader holds written as strings, each change counted in ``notes``), then the Markdown and
+    the HTML are rendered from the JSON's own data, each on its own: a renderer that fails
+    leaves the other files, says so on stderr and in the JSON's ``notes``, and removes its
+    file of an earlier run. The files carry the report's ``run.run_id`` (one is added when the
+    report has none) and are written atomically, the JSON first, under the directory's lock
+    (:mod:`lightning_triage.report_files`): a failed write leaves the previous file as it was,
+    and two writers to one directory do not mix files.
+
+    Raises:
+        OSError: when the JSON cannot be written (a Markdown or HTML file that cannot be
+            written is told on stderr and left out).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    report = with_run_id(report)
-    files = {}
+    changes = SafeNotes()
+    data = json_safe(with_run_id(report), changes)
+    # the renderers read what a reader of the JSON reads
+    data = json.loads(json.dumps(data, allow_nan=False))
+    notes = [str(n) for n in data.get("notes", []) if isinstance(n, str)] \
+        if isinstance(data.get("notes"), list) else []
+    notes += changes.notes()
+    renderers: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
+        (MARKDOWN_NAME, render_markdown)]
     if html:
         from lightning_triage.html import render_html
 
-        files[directory / HTML_NAME] = render_html(report)
-    files[directory / MARKDOWN_NAME] = render_markdown(report)
-    # the JSON last: once it is in place, the files beside it are its own
-    files[directory / JSON_NAME] = json.dumps(report, indent=2, allow_nan=False) + "\n"
-    write_files(files)
-    return [directory / JSON_NAME, directory / MARKDOWN_NAME] + ([directory / HTML_NAME] if html else [])
+        renderers.append((HTML_NAME, render_html))
+    staged: dict[Path, Path] = {}
+    failed: list[Path] = []
+    try:
+        for name, render in renderers:
+            try:
+                text = render(data)
+                staged[directory / name] = stage(directory / name, text)
+            except Exception as exc:  # one renderer's failure costs only its own file
+                problem = f"{name} was not written: {type(exc).__name__}: {describe(exc)[:300]}"
+                notes.append(problem)
+                failed.append(directory / name)
+                print(f"lightning-triage: {terminal_text(problem)}", file=sys.stderr)
+        if notes:
+            data["notes"] = notes
+        json_text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+        json_tmp = stage(directory / JSON_NAME, json_text)
+        with directory_lock(directory):
+            os.replace(json_tmp, directory / JSON_NAME)
+            for path in list(staged):
+                os.replace(staged.pop(path), path)
+            for path in failed:  # never leave an earlier run's file beside this report
+                with contextlib.suppress(OSError):
+                    if path.is_file() and not path.is_symlink():
+                        path.unlink()
+    finally:
+        for tmp in staged.values():
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    names = [MARKDOWN_NAME] + ([HTML_NAME] if html else [])
+    return [directory / JSON_NAME] + [directory / n for n in names if directory / n not in failed]
+
+
+def minimal_report(findings: Sequence[Finding | Mapping[str, Any]], *, status: ReportStatus,
+                   run: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The smallest valid report holding ``findings`` as they are (not settled, not explained):
+    what is written when the full report cannot be built. ``run`` values of the wrong type are
+    replaced by placeholders.
+
+    Example:
+        >>> f = Finding.create("grad.exploding", "norm 1e9", check="GradientMonitor")
+        >>> r = minimal_report([f], status="crashed")
+        >>> r["start_here"], r["run"]["model"]
+        ('grad.exploding', 'unknown')
+    """
+    run_in = dict(run or {})
+    placeholders: dict[str, Any] = {"lightning": "unknown", "torch": "unknown",
+                                    "precision": "unknown", "strategy": "unknown",
+                                    "world_size": 1, "global_step": 0, "epochs": 0,
+                                    "model": "unknown", "trainable_params": 0}
+    out_run: dict[str, Any] = {}
+    for key, default in placeholders.items():
+        value = run_in.get(key, default)
+        ok = isinstance(value, type(default)) and not isinstance(value, bool) and (
+            not isinstance(value, int) or value >= (1 if key == "world_size" else 0))
+        out_run[key] = value if ok else default
+    for key, value in run_in.items():
+        out_run.setdefault(key, value)
+    items: list[dict[str, Any]] = []
+    for f in findings:
+        item = f.to_dict() if isinstance(f, Finding) else dict(f)
+        items.append(item)
+    items = [f for f in items if isinstance(f.get("code"), str)]
+    order = {sev: i for i, sev in enumerate(SEVERITIES)}
+    problems = sorted((f for f in items if f.get("severity") in ("error", "warning")),
+                      key=lambda f: order[f["severity"]])
+    return {"schema": SCHEMA_ID, "status": status,
+            "start_here": problems[0]["code"] if problems else None,
+            "run": out_run, "findings": items, "checks": [], "series": {}, "details": {}}
 
 
 def _no_constant(name: str) -> Any:
@@ -352,11 +439,20 @@ def find_report(source: str | Path) -> Path:
     if path.is_dir():
         if (path / JSON_NAME).is_file():
             return path / JSON_NAME
-        found = sorted(path.rglob(JSON_NAME), key=lambda p: p.stat().st_mtime)
+        # a directory named like the report is not one (nor what cannot be read)
+        found = sorted((p for p in path.rglob(JSON_NAME) if _is_file(p)),
+                       key=lambda p: p.stat().st_mtime)
         if found:
             return found[-1]
     raise FileNotFoundError(f"No lightning-triage report at {one_line(str(path))!r} "
                             f"(looked for {JSON_NAME}).")
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def stale_files(json_path: Path, report: Mapping[str, Any]) -> list[Path]:
@@ -374,11 +470,12 @@ CONSOLE_CHARS = 600
 
 
 def plain(text: Any, limit: int = 200) -> str:
-    """Report text for a terminal: control characters (escape sequences, newlines) replaced by a
-    space, cut to ``limit`` characters. Print it as :class:`rich.text.Text` (no markup)."""
-    text = str(text)
+    """Report text for a terminal: control characters (escape sequences, newlines) and invisible
+    format characters (bidi overrides, zero-width characters) replaced by a space, cut to
+    ``limit`` characters. Print it as :class:`rich.text.Text` (no markup). Never raises."""
+    text = describe(text) if not isinstance(text, str) else text
     more = len(text) - limit
-    text = _CONTROL.sub(" ", text[:limit])
+    text = terminal_text(text[:limit])
     return text + (f"… ({more} more characters in the files)" if more > 0 else "")
 
 

@@ -6,8 +6,9 @@ beside a report come from another run.
   a failed write (a full disk) leaves the previous file as it was; a symlink at the name is
   replaced, not followed.
 - The files of one report are moved into place together under a lock on the directory
-  (``.triage_report.lock``, :func:`fcntl.flock` where the platform has it), so two writers to
-  one directory never leave a mix; each file carries the report's ``run.run_id``.
+  (``.triage_report.lock``, :func:`fcntl.flock` where the platform has it; a symlink planted at
+  its name is not followed), so two writers to one directory never leave a mix; each file
+  carries the report's ``run.run_id``.
 
 Example:
     >>> import tempfile, pathlib
@@ -64,13 +65,29 @@ def stage(path: Path, text: str) -> Path:
     return tmp
 
 
+def _open_lock(path: Path) -> int:
+    """Open (create) the lock file without following a symlink: one planted at its name is
+    removed (the file it points to is left alone) and a plain file made instead."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(8):
+        try:
+            return os.open(path, flags, 0o666)
+        except OSError as exc:
+            if not path.is_symlink():
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            last = exc
+    raise last  # pragma: no cover - a symlink planted again and again
+
+
 @contextlib.contextmanager
 def directory_lock(directory: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``directory`` (its ``.triage_report.lock``) while inside."""
     if fcntl is None:  # pragma: no cover
         yield
         return
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock(directory / LOCK_NAME)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -52,7 +52,7 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
 
 
 _TYPES: dict[str, Callable[[Any], bool]] = {
@@ -77,6 +77,8 @@ def shown(value: Any, limit: int = 60) -> str:
     """``repr(value)`` on one line, cut to about ``limit`` characters."""
     if isinstance(value, (dict, list)):
         return f"{type(value).__name__} of {len(value)}"
+    if _is_int(value) and value.bit_length() > 200:
+        return f"an integer of {len(str(value)) if value.bit_length() < 14000 else 'many'} digits"
     text = repr(value if not isinstance(value, str) else value[: limit + 1])
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -174,7 +176,8 @@ def validate_report(report: Any, source: Any = None) -> None:
         TriageReportError: one line: the source, the place in the report and what is wrong.
     """
     prefix = f"{one_line(str(source))}: " if source is not None else ""
-    if isinstance(report, Mapping) and report.get("schema") != SCHEMA_ID:
+    if isinstance(report, Mapping) and (not isinstance(report.get("schema"), str)
+                                        or report.get("schema") != SCHEMA_ID):
         raise TriageReportError(f"{prefix}not a lightning-triage report (schema is "
                                 f"{shown(report.get('schema'))}, expected {SCHEMA_ID!r})")
     try:
@@ -187,13 +190,19 @@ def validate_report(report: Any, source: Any = None) -> None:
     except _InvalidError as err:
         raise TriageReportError(f"{prefix}not a valid lightning-triage report: {err.path}: "
                                 f"{err.what}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError, KeyError) as exc:
+        # whatever else a hand-made value makes a check raise: still one line, still invalid
+        raise TriageReportError(f"{prefix}not a valid lightning-triage report: "
+                                f"{type(exc).__name__}: {one_line(str(exc))[:200]}") from None
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+                      "\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff]")
 
 
 def one_line(text: str) -> str:
-    """``text`` with control characters (newlines too) shown as escapes: safe on one line."""
+    """``text`` with control characters (newlines too), invisible format characters (bidi
+    overrides, zero-width characters) and lone surrogates shown as escapes: safe on one line."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 

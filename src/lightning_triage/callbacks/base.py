@@ -7,7 +7,10 @@ and removes every hook it registered when fit ends, tears down or crashes.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
+import inspect
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Concatenate, Literal, ParamSpec, TypeVar
@@ -21,6 +24,7 @@ from typing_extensions import override
 from lightning_triage.callbacks._args import check_bool, state_key_of
 from lightning_triage.findings import Finding, Severity
 from lightning_triage.functional.verdict import Verdict
+from lightning_triage.report_safe import safe_str
 from lightning_triage.suspicions import SUSPICIONS
 
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
@@ -88,6 +92,7 @@ class TriageCallback(Callback):
         self._idle = False
         self._warned: set[str] = set()
         self._handles: list[RemovableHandle] = []
+        self._in_setup = False  # inside `setup` (see `_starting_fit`)
         #: Called with ``(trainer, finding)`` for each new finding (set by :class:`TriageReport`
         #: to send findings to the loggers as they happen).
         self.finding_listener: Callable[[pl.Trainer, Finding], None] | None = None
@@ -181,7 +186,10 @@ class TriageCallback(Callback):
             # a suspicion is a warning only if the run shows the trouble: the report settles it
             kind = " (a suspicion: the report says whether the run confirms it)" \
                 if code in SUSPICIONS else ""
-            rank_zero_warn(f"[lightning-triage] {code}{kind}: {message}", category=RuntimeWarning)
+            # made encodable: a message holding a surrogate-escaped file name must not make
+            # the warning (written to stderr) raise into the user's run
+            rank_zero_warn(safe_str(f"[lightning-triage] {code}{kind}: {message}"),
+                           category=RuntimeWarning)
         return finding
 
     def add_verdict(self, trainer: pl.Trainer | None, verdict: Verdict, **evidence: Any) -> Finding:
@@ -232,6 +240,61 @@ class TriageCallback(Callback):
     def report_details(self) -> dict[str, Any]:
         """Bounded, JSON-ready extras for the report's ``details`` (what the HTML draws)."""
         return {}
+
+    # ------------------------------------------------------------------ one report per fit
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        setup = cls.__dict__.get("setup")
+        if setup is not None and not getattr(setup, "starts_fit", False):
+            cls.setup = _starting_fit(setup)  # type: ignore[method-assign]
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """At the start of each ``fit``: :meth:`start_fit` (a subclass's own ``setup`` does the
+        same, first)."""
+        if stage == "fit" and not getattr(self, "_in_setup", False):
+            self.start_fit()
+
+    #: Attributes :meth:`start_fit` leaves alone besides the ``__init__`` arguments: wiring set
+    #: by the bundle or the report, and tuning a user may edit between fits.
+    kept_between_fits: ClassVar[frozenset[str]] = frozenset({
+        "strict", "step_state", "finding_listener", "thresholds", "_handles", "_fresh",
+        "_in_setup"})
+
+    def _config_names(self) -> set[str]:
+        names: set[str] = set()
+        for klass in type(self).__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is not None and klass is not object:
+                try:
+                    names.update(inspect.signature(init).parameters)
+                except (TypeError, ValueError):  # pragma: no cover - a builtin's __init__
+                    continue
+        return names
+
+    def start_fit(self) -> None:
+        """Forget the previous fit: findings, status, windows and every piece of state go back
+        to what they were when this check's first fit started (its arguments, the tuning in
+        ``thresholds`` and the bundle's wiring stay). Called at ``setup`` for ``"fit"``, before
+        Lightning restores a checkpoint's state (``load_state_dict``), so a resumed fit goes on
+        with the state it saved, and a second ``fit`` of the same check reports only itself."""
+        self.remove_handles()
+        keep = self.kept_between_fits | self._config_names()
+        fresh = getattr(self, "_fresh", None)
+        if fresh is None:  # the first fit: what the check holds now is its fresh state
+            self._fresh = fresh = {}
+            for key, value in self.__dict__.items():
+                if key in keep or callable(value):  # config, wiring, functions: not state
+                    continue
+                with contextlib.suppress(Exception):  # what cannot be copied is left alone
+                    fresh[key] = copy.deepcopy(value)
+            return
+        for key in [k for k in self.__dict__ if k not in keep and k not in fresh]:
+            if key.startswith("_") and not callable(self.__dict__[key]):  # made in the last fit
+                delattr(self, key)
+        for key, value in fresh.items():
+            setattr(self, key, copy.deepcopy(value))
+        self.idle = False
 
     # ------------------------------------------------------------------ hooks
     def add_handle(self, handle: RemovableHandle) -> None:
@@ -327,6 +390,27 @@ class TriageCallback(Callback):
         if "_steps" in state:  # a per-epoch view of the trainer's step counter
             state["_steps"] = None
         return state
+
+
+def _starting_fit(setup: Callable[..., None]) -> Callable[..., None]:
+    """``setup`` that first calls :meth:`TriageCallback.start_fit` for ``"fit"`` (once, however
+    many subclasses' ``setup`` run through ``super()``)."""
+
+    @functools.wraps(setup)
+    def wrapper(self: TriageCallback, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                stage: str) -> None:
+        outer = not getattr(self, "_in_setup", False)  # False also for an old pickle
+        if outer and stage == "fit":
+            self.start_fit()
+        self._in_setup = True
+        try:
+            setup(self, trainer, pl_module, stage)
+        finally:
+            if outer:
+                self._in_setup = False
+
+    wrapper.starts_fit = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 def collect_checks(callbacks: Iterable[Callback]) -> list[TriageCallback]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import tempfile
+import traceback
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,11 +30,13 @@ from lightning_triage.report import (
     ReportStatus,
     TriageGateError,
     build_report,
+    minimal_report,
     print_report,
-    problems_at,
     render_markdown,
     write_report,
 )
+from lightning_triage.report_safe import describe
+from lightning_triage.suspicions import settle_suspicions
 
 _FAIL_ON = (None, *SEVERITIES)
 
@@ -249,6 +253,10 @@ class TriageReport(Callback):
         self._resolved_dir: Path | None = None
         self._no_files = False
         self._done = False
+        #: the findings the gate decides from (set when the report is built) and the report's
+        #: own error while building it
+        self._gate_findings: list[Finding] | None = None
+        self._build_error: Finding | None = None
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -273,6 +281,9 @@ class TriageReport(Callback):
         self._logged = dict.fromkeys(SEVERITIES, 0)
         self.remedies.reset()
         self.idle = not self.verify_remedies
+        self.paths = []
+        self._gate_findings = None
+        self._build_error = None
         listener = self._on_finding if self.log_findings else None
         for check in collect_checks(trainer.callbacks):  # type: ignore[attr-defined]
             check.finding_listener = listener
@@ -345,52 +356,136 @@ class TriageReport(Callback):
             if self.strict:
                 raise
             rank_zero_warn(f"[lightning-triage] could not write the report: "
-                           f"{type(exc).__name__}: {exc}")
+                           f"{type(exc).__name__}: {describe(exc)[:500]}")
 
-    def _build_and_write(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                         status: ReportStatus, gather: bool, directory: Path) -> None:
+    def _held_findings(self, trainer: pl.Trainer, gather: bool) -> tuple[
+            list[TriageCallback], list[Finding]]:
+        """The checks and the findings they hold (every rank's, gathered, when ``gather``)."""
         checks: list[TriageCallback] = collect_checks(trainer.callbacks)  # type: ignore[attr-defined]
         findings = [f for check in checks for f in check.findings]
         if gather and trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             gathered: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, [f.to_dict() for f in findings])
             findings = [Finding.from_dict(d) for rank_list in gathered for d in rank_list]
+        return checks, findings
+
+    def _report_error(self, exc: Exception, what: str) -> Finding:
+        """A ``triage.check_error`` finding of the report itself (``what`` failed)."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+        error = describe(exc)[:2000]
+        return Finding.create(
+            "triage.check_error",
+            f"`TriageReport` raised {type(exc).__name__} while {what}: {error}. The report "
+            "holds the findings of the checks as they are (not settled or explained), without "
+            "run settings, series or details.",
+            check="TriageReport",
+            evidence={"hook": "report", "exception": type(exc).__name__, "error": error,
+                      "where": where})
+
+    def _build_and_write(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                         status: ReportStatus, gather: bool, directory: Path) -> None:
+        checks, findings = self._held_findings(trainer, gather)
+        if global_seed() is None:
+            findings.append(unseeded_finding())
+        self._gate_findings = list(findings)
         if not trainer.is_global_zero:
             return
         if self.verify_remedies and status != "interrupted":
             # rank 0 alone, on a copy, with no collective (the other ranks wait in the gate)
             findings = verify_lead(trainer, pl_module, self.remedies, findings,
                                    strict=self.strict)
+        try:
+            self.report = self._build(trainer, pl_module, status, checks, findings)
+        except Exception as exc:
+            if self.strict:
+                raise
+            error = self._report_error(exc, "building the report")
+            self._build_error = error
+            self._gate_findings = [*findings, error]
+            rank_zero_warn(f"[lightning-triage] {error.message}", category=RuntimeWarning)
+            self.report = minimal_report(self._gate_findings, status=status,
+                                         run=self._fallback_run(trainer, pl_module))
+        self.paths = [] if self._no_files else write_report(self.report, directory,
+                                                                html=self.html)
+        for step in (self._print, self._log_summary):
+            try:
+                step(trainer)
+            except Exception as exc:  # the files are written: the console and loggers are extra
+                if self.strict:
+                    raise
+                rank_zero_warn(f"[lightning-triage] could not show the report: "
+                               f"{type(exc).__name__}: {describe(exc)[:500]}")
+
+    def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: ReportStatus,
+               checks: list[TriageCallback], findings: list[Finding]) -> dict[str, Any]:
         series: dict[str, list[list[float]]] = {}
         details: dict[str, Any] = {}
         for check in checks:
             series.update(check.series())
             details.update(check.report_details())
         run = run_info(trainer, pl_module)
-        if run["seed"] is None:
-            findings.append(unseeded_finding())
         if run["batch_size"] is None and isinstance(details.get("first_batch"), Mapping):
             shape = details["first_batch"].get("shape") or []
             run["batch_size"] = shape[0] if shape else None
-        self.report = build_report(findings, status=status, run=run,
-                                   checks=[c.check_status() for c in checks], series=series,
-                                   details=details)
-        self.paths = [] if self._no_files else write_report(self.report, directory,
-                                                                html=self.html)
-        if self.verbose:
+        return build_report(findings, status=status, run=run,
+                            checks=[c.check_status() for c in checks], series=series,
+                            details=details)
+
+    @staticmethod
+    def _fallback_run(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        """What of the run record can still be read (each value on its own)."""
+        run: dict[str, Any] = {"run_id": uuid.uuid4().hex, "lightning": lightning.__version__,
+                               "torch": torch.__version__, "seed": global_seed()}
+        readers: dict[str, Callable[[], Any]] = {
+            "precision": lambda: str(trainer.precision),
+            "strategy": lambda: strategy_name(trainer.strategy),
+            "world_size": lambda: int(trainer.world_size),
+            "global_step": lambda: int(trainer.global_step),
+            "epochs": lambda: int(trainer.current_epoch),
+            "model": lambda: type(pl_module).__name__,
+        }
+        for key, read in readers.items():
+            try:
+                run[key] = read()
+            except Exception:
+                continue
+        return run
+
+    def _print(self, trainer: pl.Trainer) -> None:
+        if self.verbose and self.report is not None:
             print_report(self.report, path=self.paths[0] if self.paths else None)
-        if self.log_findings and trainer.loggers:
+
+    def _log_summary(self, trainer: pl.Trainer) -> None:
+        if self.log_findings and trainer.loggers and self.report is not None:
             counts: dict[str, int] = {
                 sev: sum(f["severity"] == sev for f in self.report["findings"]) for sev in SEVERITIES}
             self._to_loggers(trainer, _severity_metrics(counts), int(trainer.global_step),
                              "triage/summary", render_markdown(self.report))
 
     def _gate(self, trainer: pl.Trainer) -> None:
-        """``fail_on``: raise :class:`TriageGateError` listing the findings at that severity (on
-        every rank, decided together: rank 0 holds the report)."""
+        """``fail_on``: raise :class:`TriageGateError` listing the findings at that severity.
+
+        Decided from the findings the checks hold (settled as in the report), not from the
+        built report: a report that could not be built fails the gate with its
+        ``triage.check_error``, and so does an error while deciding (fails closed). Every rank
+        decides together."""
         if self.fail_on is None or self._resolved_dir is None:
             return
-        bad = problems_at(self.report, self.fail_on) if self.report is not None else []
+        try:
+            findings = self._gate_findings
+            if findings is None:  # the report was not built in this process: ask the checks
+                findings = [f for c in collect_checks(trainer.callbacks)  # type: ignore[attr-defined]
+                            for f in c.findings]
+            with contextlib.suppress(Exception):  # unsettled: a suspicion stays (fails closed)
+                findings = settle_suspicions(findings)
+            worst = SEVERITIES.index(self.fail_on)
+            bad = [f.to_dict() for f in findings if SEVERITIES.index(f.severity) <= worst]
+            if self._build_error is not None and not any(
+                    f["code"] == "triage.check_error" and f["check"] == "TriageReport" for f in bad):
+                bad.append(self._build_error.to_dict())
+        except Exception as exc:  # the gate cannot tell: it does not pass the run
+            bad = [self._report_error(exc, "deciding `fail_on`").to_dict()]
         if trainer.strategy.reduce_boolean_decision(bool(bad), all=False):
             raise TriageGateError(bad, self.fail_on, self.paths[0] if self.paths else None)
 

@@ -338,6 +338,8 @@ class Triage(Callback):
         self._restore_hooks()
         self._in_fit = stage == "fit"
         for check in self.checks:
+            if self._in_fit:  # one report per fit (before a checkpoint's state is restored)
+                check.start_fit()
             check.idle = False
         self._each("setup", trainer, pl_module, stage)
 

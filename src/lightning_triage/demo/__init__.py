@@ -133,7 +133,8 @@ def run_demo(names: Sequence[str] | None = None, report_root: str | Path | None 
     chosen = [s for s in SCENARIOS if not names or s.name in names]
     unknown = set(names or ()) - {s.name for s in SCENARIOS}
     if unknown:
-        console.print(f"unknown scenario(s) {sorted(unknown)}; have {[s.name for s in SCENARIOS]}")
+        console.print(f"unknown scenario(s) {sorted(unknown)}; have {[s.name for s in SCENARIOS]}",
+                      markup=False, highlight=False)
         return 2
     root = Path(report_root) if report_root else Path(tempfile.mkdtemp(prefix="triage-demo-"))
     results = []
