@@ -457,8 +457,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
             col = np.square(rows[:, j].astype(np.float64))
             layers[key] = layers[key] + col if key in layers else col
         layers = {k: np.sqrt(v) for k, v in layers.items()}
-        adapters = set(self._adapter_layer.values())
-        depth = [k for k in layers if k in adapters] if adapters else None
+        # adapters over a frozen base: their gradients say where each adapter sits (an
+        # attention query, a pooler), not how gradients propagate through depth; and a fresh
+        # head beside them says nothing about depth either: no depth comparison
+        depth: list[str] | None = [] if self._adapter_layer else None
         return classify_gradients(self.w_total, steps=self.w_steps, layers=layers,
                                   loss=self.w_loss, nonfinite_is_skip=self._amp_fp16,
                                   final=final, thresholds=self.thresholds,

@@ -69,9 +69,10 @@ class GradientWiringCheck(TriageCallback):
         zero everywhere; when an all-zero partner beside the parameter got a non-zero gradient,
         e.g. peft LoRA's ``lora_A`` while ``lora_B`` starts at zero, the verdict waits
         :data:`CONFIRM_STEPS` optimizer steps and reports only the parameters whose gradient
-        stayed zero once the partner could move), ``wiring.params_not_in_optimizer`` (gradients but in no optimizer
-        param group), ``wiring.frozen_params`` (info: ``requires_grad=False``, counted per
-        module). Parameters are named by module: a module whose parameters are all affected is
+        stayed zero once the partner could move), ``wiring.params_not_in_optimizer``
+        (gradients but in no optimizer param group), ``wiring.frozen_params`` (info:
+        ``requires_grad=False``, counted per module). Parameters are named by module: a
+        module whose parameters are all affected is
         named once.
 
     Args:

@@ -14,8 +14,8 @@ from typing_extensions import override
 from lightning_triage._compat import fp16_amp
 from lightning_triage.callbacks._args import arg, check_batch_key, check_choice, check_int, check_number
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.functional.adapters import uses_adapters
 from lightning_triage.errors import TriageConfigError
+from lightning_triage.functional.adapters import uses_adapters
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import (
     IGNORE_INDEX,

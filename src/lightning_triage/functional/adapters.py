@@ -54,7 +54,7 @@ def _lora_layer_class() -> type | None:
         from peft.tuners.lora import LoraLayer
     except ImportError:  # pragma: no cover - a peft without LoRA
         return None
-    return LoraLayer  # type: ignore[no-any-return]
+    return LoraLayer
 
 
 def _peft_model_classes() -> tuple[type, ...]:
@@ -205,7 +205,8 @@ def peft_base_params(module: nn.Module) -> set[str]:
     for name, m in module.named_modules():
         if isinstance(m, classes):
             prefix = f"{name}." if name else ""
-            out.update(prefix + n for n, p in m.named_parameters() if not p.requires_grad)
+            out.update(prefix + n for n, p in module.get_submodule(name).named_parameters()
+                       if not p.requires_grad)
     return out
 
 

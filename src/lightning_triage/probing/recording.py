@@ -18,8 +18,8 @@ from torch.utils.hooks import RemovableHandle
 
 from lightning_triage.functional.eval_contracts import ModuleCall
 from lightning_triage.functional.hooks import first_float_tensor, hooked
-from lightning_triage.functional.tensors import dense
 from lightning_triage.functional.structure import replace_tensor, same_storage
+from lightning_triage.functional.tensors import dense
 
 #: Shape-trace entries kept for the report (the rest are counted).
 MAX_TRACE = 256
