@@ -96,7 +96,9 @@ def lora_module(kind: str, seed: int, module_cls: type[HFModule] = HFModule,
     base.model.load_state_dict(_pretrained(kind, seed))
     torch.manual_seed(seed)
     if kind == "bert":
-        base.model.classifier.reset_parameters()
+        head = base.model.classifier  # a fresh head, initialized as transformers does
+        torch.nn.init.normal_(head.weight, std=base.model.config.initializer_range)
+        torch.nn.init.zeros_(head.bias)
         config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="SEQ_CLS",
                             target_modules=["query", "key", "value", "dense"])
     else:
