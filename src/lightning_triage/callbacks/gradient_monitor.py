@@ -30,6 +30,7 @@ from lightning_triage.callbacks._monitor import (
 )
 from lightning_triage.callbacks._step import RowBuffer, StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.functional.adapters import adapter_layer_of
 from lightning_triage.functional.gradients import (
     GradThresholds,
     alive_units,
@@ -176,6 +177,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._names: list[str] = []
         self._params: list[nn.Parameter] = []
         self._weight_idx: list[int] = []
+        #: adapter parameter -> its LoRA layer: the depth comparison reads the pair together
+        self._adapter_layer: dict[str, str] = {}
         self._unit_idx: list[int] = []
         self._amp_fp16 = False
         self._clip_val: float | None = None
@@ -227,6 +230,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         state = self.step_state
         self._params = list(state.bind(pl_module))
         self._names = list(state.names)
+        self._adapter_layer = adapter_layer_of(pl_module)
         for j, (name, p) in enumerate(zip(self._names, self._params, strict=True)):
             if p.ndim >= 2:
                 self._weight_idx.append(j)
@@ -444,11 +448,24 @@ class GradientMonitor(TriageCallback, WindowMixin):
     # ------------------------------------------------------------------ window
     def _classify(self, final: bool, extra: Mapping[str, Any] | None = None) -> list[Verdict]:
         rows = np.stack(self.w_rows) if self.w_rows else np.zeros((0, len(self._names)))
-        layers = {module_name(self._names[j]): rows[:, j] for j in self._weight_idx}
+        layers: dict[str, Any] = {}
+        for j in self._weight_idx:
+            name = self._names[j]
+            # LoRA's `lora_A` gets a tiny gradient while `lora_B` is near its zero start, by
+            # design: the adapter layer's gradient is the pair's (root of the sum of squares)
+            key = self._adapter_layer.get(name) or module_name(name)
+            col = np.square(rows[:, j].astype(np.float64))
+            layers[key] = layers[key] + col if key in layers else col
+        layers = {k: np.sqrt(v) for k, v in layers.items()}
+        # adapters over a frozen base: their gradients say where each adapter sits (an
+        # attention query, a pooler), not how gradients propagate through depth; and a fresh
+        # head beside them says nothing about depth either: no depth comparison
+        depth: list[str] | None = [] if self._adapter_layer else None
         return classify_gradients(self.w_total, steps=self.w_steps, layers=layers,
                                   loss=self.w_loss, nonfinite_is_skip=self._amp_fp16,
                                   final=final, thresholds=self.thresholds,
-                                  clip_val=self._clip_val, **(extra or {}))
+                                  clip_val=self._clip_val, depth_layers=depth,
+                                  **(extra or {}))
 
     def _close_window(self, trainer: pl.Trainer, complete: bool = True) -> None:
         ratios = median_ratios(torch.stack(self._ratio_rows).cpu().double().numpy(),

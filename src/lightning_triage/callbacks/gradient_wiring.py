@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -13,12 +14,14 @@ from typing_extensions import override
 
 from lightning_triage.callbacks._args import check_bool
 from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.functional.adapters import zero_partners
 from lightning_triage.functional.tensors import any_nonzero
 from lightning_triage.functional.wiring import (
     ModuleGroup,
     WiringResult,
     analyze_wiring,
     describe_groups,
+    group_by_module,
 )
 
 #: At most this many parameter names are listed in a finding's evidence.
@@ -26,6 +29,9 @@ MAX_LISTED = 200
 #: Strategies that shard or flatten parameters: per-parameter gradients and probes that call
 #: ``training_step`` outside the wrapped forward do not apply there.
 SHARDED_STRATEGIES = ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
+#: Optimizer steps after the first backward by which a zero gradient that a zero-initialized
+#: partner explained (LoRA's ``lora_A`` while ``lora_B`` is zero) must have turned non-zero.
+CONFIRM_STEPS = 3
 
 
 def sharded_strategy(trainer: pl.Trainer) -> str | None:
@@ -60,9 +66,13 @@ class GradientWiringCheck(TriageCallback):
         ``on_before_backward``, before the backward raises; or no trainable parameter got a
         gradient), ``wiring.no_grad_params`` (trainable parameters whose gradient stayed
         ``None``: unused modules, ``.detach()``), ``wiring.zero_grad_params`` (gradient exactly
-        zero everywhere), ``wiring.params_not_in_optimizer`` (gradients but in no optimizer
-        param group), ``wiring.frozen_params`` (info: ``requires_grad=False``, counted per
-        module). Parameters are named by module: a module whose parameters are all affected is
+        zero everywhere; when an all-zero partner beside the parameter got a non-zero gradient,
+        e.g. peft LoRA's ``lora_A`` while ``lora_B`` starts at zero, the verdict waits
+        :data:`CONFIRM_STEPS` optimizer steps and reports only the parameters whose gradient
+        stayed zero once the partner could move), ``wiring.params_not_in_optimizer``
+        (gradients but in no optimizer param group), ``wiring.frozen_params`` (info:
+        ``requires_grad=False``, counted per module). Parameters are named by module: a
+        module whose parameters are all affected is
         named once.
 
     Args:
@@ -102,6 +112,10 @@ class GradientWiringCheck(TriageCallback):
         self._received: set[str] = set()
         self._hooked: set[str] = set()
         self._nonzero: dict[str, Tensor] = {}
+        #: zero-gradient parameters whose verdict waits for their zero-valued partner to move
+        self._deferred: dict[str, list[str]] = {}
+        #: per trainable parameter, whether it has a non-zero value at the first backward
+        self._valued: dict[str, Tensor] = {}
 
     # ------------------------------------------------------------------ hooks
     @override
@@ -109,7 +123,7 @@ class GradientWiringCheck(TriageCallback):
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            loss: Tensor) -> None:
         if self._done:
-            self.idle = True
+            self.idle = not self._deferred
             return
         if not self._armed:
             sharded = sharded_strategy(trainer)
@@ -127,10 +141,19 @@ class GradientWiringCheck(TriageCallback):
     @guarded
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
-        if self._done:
+        if self._deferred:
+            if trainer.global_step >= (self._step or 0) + CONFIRM_STEPS:
+                self._confirm(trainer, pl_module)
+        elif self._done:
             self.idle = True
         elif self._armed:
             self._evaluate(trainer, pl_module)
+
+    @override
+    @guarded
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._deferred:
+            self._confirm(trainer, pl_module)
 
     # ------------------------------------------------------------------ internals
     def _arm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -143,9 +166,14 @@ class GradientWiringCheck(TriageCallback):
         if not pl_module.automatic_optimization:
             held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
                     for p in g["params"]}
+        self._valued = {}
         for name, p in pl_module.named_parameters():
             if p.requires_grad or id(p) in held:
                 self._trainable[name] = p.numel()
+                # read now, before the optimizer step moves a zero-initialized partner
+                flag = any_nonzero(p.detach()) if p.numel() and not p.is_meta else None
+                if flag is not None:
+                    self._valued[name] = flag
             else:
                 self._frozen[name] = p.numel()
 
@@ -206,6 +234,12 @@ class GradientWiringCheck(TriageCallback):
             if not held:  # e.g. a strategy that flattens parameters: names cannot be matched
                 held = None
         result = analyze_wiring(self._trainable, self._frozen, self._received, nonzero, held)
+        deferred, partner_outside = self._partners(pl_module, result, nonzero, held)
+        if deferred or partner_outside:
+            keep = {n for g in result.zero_grad for n in g.params} - set(deferred) \
+                - partner_outside
+            result = dataclasses.replace(
+                result, zero_grad=group_by_module(keep, self._trainable) if keep else [])
         self.result = result
         step = self._step
         if result.loss_detached and not self.has_finding("wiring.loss_detached"):
@@ -258,8 +292,93 @@ class GradientWiringCheck(TriageCallback):
                 global_step=step,
             )
         got = len(set(self._received) & set(self._trainable))
-        self._finish(f"first backward at step {step}: {got}/{len(self._trainable)} trainable "
-                     f"parameter tensors got a gradient ({self._backwards} backward pass(es))")
+        detail = (f"first backward at step {step}: {got}/{len(self._trainable)} trainable "
+                  f"parameter tensors got a gradient ({self._backwards} backward pass(es))")
+        if partner_outside:
+            detail += (f"; {len(partner_outside)} zero gradient(s) explained by a zero-valued "
+                       "partner in no optimizer (see `wiring.params_not_in_optimizer`)")
+        self._finish(detail)
+        if deferred:
+            self._defer(trainer, pl_module, deferred)
+
+    # ------------------------------------------------------------------ zero-initialized partners
+    def _partners(self, pl_module: pl.LightningModule, result: WiringResult, nonzero: set[str],
+                  held: set[str] | None) -> tuple[dict[str, list[str]], set[str]]:
+        """The zero-gradient parameters a zero-valued partner explains (deferred), and those
+        whose partners are in no optimizer (explained by `wiring.params_not_in_optimizer`)."""
+        zero = [n for g in result.zero_grad for n in g.params]
+        if not zero:
+            return {}, set()
+        flags = list(self._valued.items())
+        values = torch.stack([f.to(flags[0][1].device) for _, f in flags]).tolist() \
+            if flags else []
+        zero_valued = {n for (n, _), v in zip(flags, values, strict=True) if not v}
+        self._valued = {}
+        partners = zero_partners(pl_module, zero, nonzero, zero_valued)
+        if held is None:
+            return partners, set()
+        deferred = {n: ps for n, ps in partners.items() if any(p in held for p in ps)}
+        return deferred, set(partners) - set(deferred)
+
+    def _defer(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+               deferred: dict[str, list[str]]) -> None:
+        """Watch the deferred parameters' gradients on the next optimizer steps."""
+        self._deferred = deferred
+        self._done = True
+        self.idle = False
+        for name, p in pl_module.named_parameters():
+            if name in deferred and p.requires_grad:
+                self.add_handle(p.register_post_accumulate_grad_hook(
+                    self._make_hook(trainer, name)))
+        self.detail += (f"; {len(deferred)} parameter tensor(s) with an exactly zero gradient "
+                        "beside a zero-valued partner that got one (LoRA's `lora_A` while "
+                        "`lora_B` is zero): confirmed after the partner moved")
+
+    def _confirm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Report the deferred parameters whose gradient is still exactly zero."""
+        deferred, self._deferred = self._deferred, {}
+        flags = {n: f for n, f in self._nonzero.items() if n in deferred}
+        values = torch.stack([f.to(next(iter(flags.values())).device) for f in flags.values()]
+                             ).tolist() if flags else []
+        moved = {n for n, v in zip(flags, values, strict=True) if v}
+        self.remove_handles()
+        self._nonzero.clear()
+        self.idle = True
+        steps = trainer.global_step - (self._step or 0)
+        if steps < 1:  # no optimizer step after the first: the partner could not move yet
+            self.detail = self.detail.replace(
+                "confirmed after the partner moved",
+                "not confirmed (the fit ended before an optimizer step moved the partner)")
+            return
+        still = [n for n in deferred if n not in moved]
+        self.detail = self.detail.replace(
+            "confirmed after the partner moved",
+            f"{len(deferred) - len(still)} turned non-zero within {steps} optimizer step(s)")
+        if not still:
+            return
+        params = dict(pl_module.named_parameters())
+        partners = sorted({q for n in still for q in deferred[n]})
+        unmoved = [q for q in partners if q in params and params[q].numel()
+                   and not bool(any_nonzero(params[q].detach()))]
+        why = ("their zero-valued partners are still exactly zero: they never moved (a zero "
+               "learning rate for the adapters' param group, an optimizer step that skips them?)"
+               if unmoved else
+               "their zero-valued partners moved, so the zero comes from elsewhere: something "
+               "blocks the path (a multiplication by zero, a mask, dead activations)")
+        groups = group_by_module(still, self._trainable)
+        partner_groups = group_by_module(partners, self._trainable)
+        self.add_finding(
+            trainer, "wiring.zero_grad_params",
+            f"The gradient of {describe_groups(groups)} was exactly zero at the first backward "
+            f"(step {self._step}) and still is after {steps} optimizer step(s); at step "
+            f"{self._step} that was explained by the all-zero partner(s) "
+            f"{describe_groups(partner_groups)} (a zero-initialized adapter output such as "
+            f"LoRA's `lora_B`), but {why}.",
+            layer=groups[0].module or None,
+            evidence={**_evidence(groups), "partners": partners[:MAX_LISTED],
+                      "partners_still_zero": unmoved[:MAX_LISTED], "confirmed_after_steps": steps},
+            global_step=self._step,
+        )
 
     def _finish(self, detail: str) -> None:
         self._done = True
@@ -273,6 +392,11 @@ class GradientWiringCheck(TriageCallback):
         super().remove_handles()
         self._armed = False
 
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        self._deferred = {}  # a fit that ended before the confirmation (an exception)
+
     # ------------------------------------------------------------------ state
     @override
     def extra_state(self) -> dict[str, Any]:
@@ -283,4 +407,4 @@ class GradientWiringCheck(TriageCallback):
         self._done = bool(state.get("done", self._done))
 
 
-__all__ = ["GradientWiringCheck", "sharded_strategy"]
+__all__ = ["CONFIRM_STEPS", "GradientWiringCheck", "sharded_strategy"]

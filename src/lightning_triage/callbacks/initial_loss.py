@@ -15,6 +15,7 @@ from lightning_triage._compat import fp16_amp
 from lightning_triage.callbacks._args import arg, check_batch_key, check_choice, check_int, check_number
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.errors import TriageConfigError
+from lightning_triage.functional.adapters import uses_adapters
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import (
     IGNORE_INDEX,
@@ -63,7 +64,8 @@ class InitialLossCheck(TriageCallback):
     ``task="auto"`` the task and class count are inferred from the targets and the shape of the
     model's output on that batch (captured by temporary forward hooks removed right after).
 
-    Findings: ``init.loss_above_chance``, ``init.loss_below_chance``, ``init.chance_unknown``.
+    Findings: ``init.loss_above_chance``, ``init.loss_below_chance`` (info for a peft
+    fine-tune: adapters over a pretrained base start below chance), ``init.chance_unknown``.
 
     Args:
         task: ``"auto"``, ``"multiclass"``, ``"binary"``, ``"regression"`` or ``"sequence"``.
@@ -223,6 +225,17 @@ class InitialLossCheck(TriageCallback):
             if level.task != "regression" and result.reference < level.value:
                 reference = (f"the best constant predictor's loss {result.reference:.4g} "
                              f"(chance level {level.describe()})")
+            if uses_adapters(trainer.lightning_module):
+                # a PEFT fine-tune starts from a pretrained base: doing well at step 0 is its
+                # point, not a leak
+                self.add_finding(
+                    trainer, "init.loss_below_chance",
+                    f"step-0 loss {loss:.4g} is only {result.ratio:.3f}x {reference}: expected "
+                    "for a parameter-efficient fine-tune (peft adapters over a pretrained base "
+                    "that already fits the task).",
+                    severity="info", evidence={**evidence, "peft": True}, global_step=0,
+                )
+                return
             self.add_finding(
                 trainer, "init.loss_below_chance",
                 f"step-0 loss {loss:.4g} is only {result.ratio:.3f}x {reference}: a fresh model "

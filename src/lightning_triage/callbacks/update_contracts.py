@@ -17,6 +17,7 @@ from typing_extensions import override
 from lightning_triage.callbacks._args import check_int
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.callbacks.gradient_wiring import sharded_strategy
+from lightning_triage.functional.adapters import peft_base_params
 from lightning_triage.functional.update import (
     FORWARD,
     STALLED_STEPS,
@@ -115,6 +116,7 @@ class UpdateContractCheck(TriageCallback):
         self._init: list[float] = []
         self._frozen: set[int] = set()
         self._renormed: set[int] = set()
+        self._pinned: set[str] = set()
         self._points: list[_Point] = []
         self._last_end: list[float] | None = None
         self._stepped: set[tuple[int, int]] = set()
@@ -250,6 +252,7 @@ class UpdateContractCheck(TriageCallback):
         self._renormed = {index[id(m.weight)] for m in pl_module.modules()
                           if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
                           and m.max_norm is not None and id(m.weight) in index}
+        self._pinned = peft_base_params(pl_module)  # a peft model's frozen base: never an EMA
         frozen_bn = set(frozen_running_stats(pl_module))
         self._bn = [(name, type(m).__name__, self._running_norms(m))
                     for name, m in pl_module.named_modules() if name in frozen_bn]
@@ -431,7 +434,7 @@ class UpdateContractCheck(TriageCallback):
         trainable = {n: s for i, (n, s) in enumerate(self._sizes.items()) if i not in self._frozen}
         self.add_verdicts(trainer, outside_change_verdicts(self._changes, self._seen, trainable))
         self.add_verdicts(trainer, frozen_change_verdict(self._frozen_changes, self._sizes,
-                                                         self._seen))
+                                                         self._seen, self._pinned))
         n_steps = sum(len(r) for r in self._records)
         batches = self._batches
         self.remove_handles()

@@ -344,6 +344,7 @@ def classify_gradients(
     final: bool = True,
     thresholds: GradThresholds | None = None,
     clip_val: float | None = None,
+    depth_layers: Sequence[str] | None = None,
 ) -> list[Verdict]:
     """Classify the gradient norms of a window of training.
 
@@ -363,6 +364,10 @@ def classify_gradients(
         thresholds: see :class:`GradThresholds`.
         clip_val: the user's ``gradient_clip_val`` (total-norm clipping), if any: a spike's
             message says the update was clipped, and no looser clip is suggested.
+        depth_layers: the layers (keys of ``layers``, in depth order) whose first and last
+            are compared for exploding or vanishing gradients (default: all of them). A
+            parameter-efficient fine-tune compares its adapter layers only: a fresh task head
+            beside adapters over a frozen base says nothing about depth.
 
     Example:
         >>> norms = [1.0 + 0.05 * (i % 5) for i in range(60)]
@@ -406,8 +411,10 @@ def classify_gradients(
         return out
     if not exploded:
         out += _growth_verdicts(x, st, th, th.growth)
-    if mat is not None and len(names) >= 3:
-        out += _depth_verdicts(names, mat, int(st[-1]), th)
+    depth = [n for n in (depth_layers if depth_layers is not None else names) if n in layer_map]
+    if mat is not None and len(depth) >= 3:
+        cols = [names.index(n) for n in depth]
+        out += _depth_verdicts(depth, mat[:, cols], int(st[-1]), th)
     out += _ratio_verdicts(update_ratios or {}, int(st[-1]), th)
     out += _dead_verdicts(dead_units or {}, names, mat, int(st[-1]), x.size, th)
     return out

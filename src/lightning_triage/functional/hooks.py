@@ -12,7 +12,7 @@ from torch.nn.modules.loss import _Loss
 from torch.utils.hooks import RemovableHandle
 
 from lightning_triage.functional.compiled import traced_by_compile
-from lightning_triage.functional.tensors import is_plain
+from lightning_triage.functional.tensors import dense, is_plain
 
 
 class LastOutput:
@@ -32,6 +32,12 @@ def first_float_tensor(output: Any) -> Tensor | None:
         >>> first_float_tensor((torch.zeros(2, 3), torch.ones(1))).shape
         torch.Size([2, 3])
     """
+    found = _first_float(output)
+    # a nested tensor (a fast path's layer output) as its zero-padded strided form
+    return None if found is None else dense(found)
+
+
+def _first_float(output: Any) -> Tensor | None:
     if isinstance(output, Tensor):
         return output if output.is_floating_point() else None
     if isinstance(output, (list, tuple)):

@@ -84,6 +84,19 @@ def any_nonzero(t: Tensor) -> Tensor | None:
         return values.ne(0).any()
 
 
+def dense(t: Tensor) -> Tensor:
+    """``t`` as an ordinary strided tensor when it is a nested tensor (PyTorch's fast paths:
+    ``nn.TransformerEncoder`` with a padding mask in eval mode runs its layers on nested
+    tensors), padded with zeros at the positions it leaves out; any other tensor unchanged.
+
+    Example:
+        >>> n = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+        >>> dense(n).tolist()
+        [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
+    """
+    return t.to_padded_tensor(0.0) if t.is_nested else t
+
+
 def is_plain(t: Tensor) -> bool:
     """An ordinary dense tensor with data: strided, not nested, not quantized, not meta.
 
@@ -94,4 +107,4 @@ def is_plain(t: Tensor) -> bool:
     return t.layout == torch.strided and not (t.is_nested or t.is_quantized or t.is_meta)
 
 
-__all__ = ["abs_peak", "any_nonzero", "is_plain", "plain_values"]
+__all__ = ["abs_peak", "any_nonzero", "dense", "is_plain", "plain_values"]

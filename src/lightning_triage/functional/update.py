@@ -20,7 +20,7 @@ read at a few points of each step; a parameter *changed* between two points when
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -318,20 +318,24 @@ def _consistent(phase: str, changes: Sequence[Change], seen: Mapping[str, int]) 
 
 
 def frozen_change_verdict(changes: Sequence[Change], universe: Mapping[str, int],
-                          seen: Mapping[str, int] | None = None) -> Verdict | None:
+                          seen: Mapping[str, int] | None = None,
+                          pinned: Collection[str] = ()) -> Verdict | None:
     """Frozen parameters (``requires_grad=False`` or in no optimizer) whose values changed.
 
     Args:
         changes: the changes of frozen parameters seen in the window, in order.
         universe: every parameter and its number of values (for naming).
         seen: how many times each phase was observed in the window (changed or not).
+        pinned: parameters that must never change, whatever the pattern: the frozen base of
+            a parameter-efficient fine-tune (peft), which is no EMA copy.
 
     Returns:
         A ``wiring.frozen_params_changed`` verdict at the first change, naming the parameters
         and where they changed (during an optimizer's step: weight decay or momentum applied
         through a leftover ``.grad``), or ``None``. Info when every phase that changed them
         did so at each of its occurrences, between steps (a copy updated every step on
-        purpose: an EMA of the weights, a mean teacher).
+        purpose: an EMA of the weights, a mean teacher), unless a changed parameter is
+        ``pinned``.
 
     Example:
         >>> v = frozen_change_verdict([Change(2, "during the step of optimizer 0 (AdamW)",
@@ -345,8 +349,12 @@ def frozen_change_verdict(changes: Sequence[Change], universe: Mapping[str, int]
     names = list(dict.fromkeys(n for c in changes for n in c.params))
     phases = list(dict.fromkeys(c.phase for c in changes))
     by_step = any(p.startswith("during the step") for p in phases)
-    every = seen is not None and all(_consistent(p, changes, seen) for p in phases)
-    why = (" The optimizer still holds them and updates them through a leftover `.grad` "
+    base = [n for n in names if n in pinned]
+    every = not base and seen is not None and all(_consistent(p, changes, seen) for p in phases)
+    why = (" They are the frozen base of a parameter-efficient fine-tune (peft): only the "
+           "adapters may change (code that writes to the base weights, a weight decay or merge "
+           "applied to every parameter?)." if base else
+           " The optimizer still holds them and updates them through a leftover `.grad` "
            "(weight decay, momentum)." if by_step else
            " They changed at every step, consistently: a copy updated on purpose (an EMA of "
            "the weights, a mean teacher), if deliberate." if every else "")
@@ -355,7 +363,8 @@ def frozen_change_verdict(changes: Sequence[Change], universe: Mapping[str, int]
                f"relative change of a norm {max(c.rel for c in changes):.3g}).{why}")
     return Verdict("wiring.frozen_params_changed", changes[0].step, message,
                    layer=_first_module(names, universe), severity="info" if every else None,
-                   evidence={"phases": phases, "every_step": every, "steps": [c.step for c in changes][:50],
+                   evidence={"phases": phases, "every_step": every, "peft_base": bool(base),
+                             "steps": [c.step for c in changes][:50],
                              "params": names[:50],
                              "rel_change": [c.rel for c in changes][:50]})
 

@@ -19,6 +19,7 @@ from torch.utils.hooks import RemovableHandle
 from lightning_triage.functional.eval_contracts import ModuleCall
 from lightning_triage.functional.hooks import first_float_tensor, hooked
 from lightning_triage.functional.structure import replace_tensor, same_storage
+from lightning_triage.functional.tensors import dense
 
 #: Shape-trace entries kept for the report (the rest are counted).
 MAX_TRACE = 256
@@ -201,7 +202,7 @@ class CallTrace:
 def _first_tensor_arg(args: Any, kwargs: Mapping[str, Any]) -> Tensor | None:
     for v in (*args, *kwargs.values()):
         if isinstance(v, Tensor):
-            return v
+            return dense(v)  # a fast path's nested input as its zero-padded form
     return None
 
 
