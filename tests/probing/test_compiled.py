@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.compile import from_compiled
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from lightning_triage import Triage
+from lightning_triage import NonFiniteTracer, Triage
 from lightning_triage.functional.compiled import compiled_parts, traced_by_compile
 from lightning_triage.functional.hooks import HeadCapture
 from lightning_triage.probing import copy_module, probe_module
@@ -173,3 +173,33 @@ def test_triage_adds_no_graph_to_a_compiled_fit(tmp_path: Path) -> None:
     (graphs, calls, bare), (graphs_t, calls_t, watched) = runs
     assert (graphs, calls) == (graphs_t, calls_t) == (2, 6)  # train and val graphs; 5 + 1 calls
     assert torch.equal(bare, watched)
+
+
+class NaNOnCall:
+    """A backend whose compiled code returns NaN on its ``bad``-th call (a fused-kernel bug the
+    eager form does not have)."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad, self.calls = bad, 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            self.calls += 1
+            out = gm.forward(*args)
+            if self.calls == self.bad:
+                return [t * float("nan") if isinstance(t, Tensor) and t.is_floating_point() else t
+                        for t in out]
+            return out
+
+        return run
+
+
+def test_a_nan_only_the_compiled_code_makes_is_found_and_the_reason_named(tmp_path: Path) -> None:
+    tracer = NonFiniteTracer(strict=True)
+    model = Digits(Counting())
+    model.net = torch.compile(mlp(), backend=NaNOnCall(bad=4))
+    quiet_trainer(tmp_path, [tracer], max_epochs=1, limit_train_batches=6,
+                  limit_val_batches=0).fit(model, digits()[0])
+    found = [f for f in tracer.findings if f.code == "numerics.nonfinite_detected"]
+    assert len(found) == 1 and found[0].global_step == 3, [f.code for f in tracer.findings]
+    assert "compiled code of `net`" in found[0].message

@@ -25,7 +25,7 @@ from lightning_triage.callbacks._nonfinite_replay import replay_step
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, split_batch
-from lightning_triage.functional.compiled import traced_by_compile
+from lightning_triage.functional.compiled import compiled_parts, traced_by_compile
 from lightning_triage.functional.nonfinite import (
     Localization,
     float_tensors,
@@ -439,9 +439,14 @@ class NonFiniteTracer(TriageCallback):
     def _conclude(self, trainer: pl.Trainer, pl_module: pl.LightningModule, run: Localization,
                   ref: Localization | None, signal: str) -> None:
         if run.finite:
-            self._not_localized(trainer, signal,
-                                "the replay of the step was finite (a non-deterministic op, a "
-                                "batch modified in place by `training_step`, or a collective?)")
+            compiled = compiled_parts(pl_module)
+            why = ("the replay of the step was finite (a non-deterministic op, a batch modified "
+                   "in place by `training_step`, or a collective?)")
+            if compiled:
+                why = (f"the eager replay of the step was finite: the compiled code of "
+                       f"`{compiled[0] or type(pl_module).__name__}` rounds differently from its "
+                       "eager form (fused kernels); run one fit uncompiled to localize it")
+            self._not_localized(trainer, signal, why)
             return
         step, precision = self._batch_step, str(trainer.precision)
         if self._reduced is not None and ref is not None and ref.finite:
