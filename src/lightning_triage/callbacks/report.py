@@ -8,7 +8,7 @@ import tempfile
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import lightning
 import lightning.pytorch as pl
@@ -33,7 +33,10 @@ from lightning_triage.report import (
     write_report,
 )
 
-_FAIL_ON = (None, *SEVERITIES)
+#: ``fail_on`` as the callbacks take it: a severity, or ``"none"`` / ``None`` for never (the
+#: command line's ``--fail-on none``).
+GateOn = Literal["error", "warning", "info", "none"]
+_FAIL_ON = (None, "none", *SEVERITIES)
 
 
 def strategy_name(strategy: object) -> str:
@@ -196,7 +199,8 @@ class TriageReport(Callback):
         log_findings: send findings and the summary to the trainer's loggers.
         fail_on: ``"error"``, ``"warning"`` or ``"info"``: raise :class:`TriageGateError` at the
             end of fit (after the report is written) when the report holds findings at that
-            severity or worse; ``None`` (default): never.
+            severity or worse; ``"none"`` or ``None`` (default): never (as ``--fail-on none``
+            on the command line).
         strict: raise errors met while building or writing the report instead of warning.
 
     When ``report_dir`` cannot be written, setup warns once and the run goes on without files
@@ -218,7 +222,7 @@ class TriageReport(Callback):
     codes: ClassVar[tuple[str, ...]] = ("run.unseeded",)
 
     def __init__(self, *, report_dir: str | os.PathLike[str] | None = None, verbose: bool = True,
-                 html: bool = True, log_findings: bool = True, fail_on: FailOn | None = None,
+                 html: bool = True, log_findings: bool = True, fail_on: GateOn | None = None,
                  strict: bool = False) -> None:
         if report_dir is not None and not isinstance(report_dir, (str, os.PathLike)):
             raise fail("report_dir", report_dir, "a path or None")
@@ -344,11 +348,12 @@ class TriageReport(Callback):
     def _gate(self, trainer: pl.Trainer) -> None:
         """``fail_on``: raise :class:`TriageGateError` listing the findings at that severity (on
         every rank, decided together: rank 0 holds the report)."""
-        if self.fail_on is None or self._resolved_dir is None:
+        if self.fail_on in (None, "none") or self._resolved_dir is None:
             return
-        bad = problems_at(self.report, self.fail_on) if self.report is not None else []
+        severity: FailOn = self.fail_on  # type: ignore[assignment]  # "none" returned above
+        bad = problems_at(self.report, severity) if self.report is not None else []
         if trainer.strategy.reduce_boolean_decision(bool(bad), all=False):
-            raise TriageGateError(bad, self.fail_on, self.paths[0] if self.paths else None)
+            raise TriageGateError(bad, severity, self.paths[0] if self.paths else None)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
