@@ -370,3 +370,11 @@ def test_pages_take_where_they_were_measured_from_one_place() -> None:
         if re.search(r"\bRuns? of \**20\d\d-", text):
             assert block in text, f"{page.name} reports dated runs: add <!-- generated: measured -->"
     assert _HARDWARE_CLAIM.search(make.measured())
+
+
+def test_make_demo_writes_where_the_samples_say() -> None:
+    """The README's samples end with `full report: runs/demo/...`: `make demo` writes there (and
+    `run_demo` ends by printing the next commands for those paths)."""
+    samples = _load("make_samples")
+    recipe = (ROOT / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert f"-m lightning_triage demo --report-root {samples.REPORT_ROOT}" in recipe
