@@ -23,8 +23,10 @@ $(VENV)/.dev-installed: $(PY) pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
+# the reports go to runs/demo/<scenario>/ (the README's samples name these paths); the demo
+# ends by printing what to type next, through $(VENV) (which `make` does not activate)
 demo: $(VENV)/.demo-installed
-	$(PY) -m lightning_triage demo
+	$(PY) -m lightning_triage demo --report-root runs/demo
 
 lint: $(VENV)/.dev-installed
 	$(PY) -m ruff check src tests docs benchmarks examples

@@ -1,5 +1,6 @@
 """Regenerate every table of stages and finding codes in the docs and the README from the registry
-(``lightning_triage.findings``) and the checks' declarations (``lightning_triage.callbacks``):
+(``lightning_triage.findings``) and the checks' declarations (``lightning_triage.callbacks``),
+and the one statement of where the documented measurements were taken (:data:`MEASURED`):
 ``python docs/make_code_tables.py``; ``--check`` only reports the stale files (exit status 1).
 
 A generated block sits between ``<!-- generated: NAME -->`` and ``<!-- end generated -->`` in
@@ -76,7 +77,28 @@ def code_list() -> str:
     return "\n".join(rows)
 
 
+#: Where the numbers of the docs were measured: the one place that says it (the ``measured``
+#: block of every page that reports timings). Edit here when a benchmark runs elsewhere.
+MEASURED = (
+    "**Where these numbers come from.** Every time and overhead in these pages was measured on "
+    "CPU: a development machine of 2 cores shared with other jobs, 1 thread, torch 2.13.0, "
+    "Lightning 2.6.6, each run with its date. A GPU (one H200) ran `benchmarks/gpu_check.py` "
+    "once, for correctness only (healthy fits silent, the precision bugs caught: "
+    "[benchmarks](benchmarks.md#on-a-gpu-silent-on-healthy-runs-the-precision-bugs-caught)); "
+    "no GPU timing was taken, so the `deferred` mode's device buffers and the `sync` mode's "
+    "host read per step are not measured."
+)
+
+
+def measured() -> str:
+    """:data:`MEASURED`, wrapped at 100 columns."""
+    import textwrap
+
+    return textwrap.fill(MEASURED, width=100, break_on_hyphens=False, break_long_words=False)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "measured": measured,
     "stages": stage_table,
     "stages:linked": lambda: stage_table(links="./"),
     "codes": code_table,

@@ -98,3 +98,70 @@ def assert_ran_and_passed(source: Any, *checks: str) -> None:
         for check, name in (("LossCurveMonitor", "train_loss"), ("GradientMonitor", "grad_norm")):
             if check in wanted:
                 assert series.get(name), f"{check} recorded no {name}"
+
+
+
+def drawn_plot(plot: Callable[..., Any], report: Any) -> tuple[Any, tuple[int, int]] | None:
+    """The matplotlib figure ``plot`` (a function of :mod:`lightning_triage.plots`) draws for
+    ``report`` as :func:`lightning_triage.plots.draw` runs it (the HTML page's settings), and
+    the (width, height) in pixels of the image it returns; ``None`` when it draws nothing."""
+    import base64
+    import io
+
+    from matplotlib.figure import Figure
+    from matplotlib.image import imread
+
+    from lightning_triage import plots
+
+    figures: list[Any] = []
+
+    class Recording(Figure):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            figures.append(self)
+
+    uri, failed = plots.draw(plot, Recording, report)
+    assert not failed, plot
+    if uri is None:
+        return None
+    image = imread(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])), format="png")
+    return figures[-1], (image.shape[1], image.shape[0])
+
+
+def plot_text_problems(fig: Any, size: tuple[int, int], dpi: int = 80) -> list[str]:
+    """What is wrong with the text of a drawn figure whose image is ``size`` pixels: a tick label
+    in view that holds math text (``$``, ``^{``, a backslash) or, on a numeric axis (linear or
+    log), does not read as the number at its position; and text drawn outside the image (an
+    axis title cut at the edge)."""
+    import math
+
+    from matplotlib.ticker import LogFormatter, ScalarFormatter
+
+    problems: list[str] = []
+    for ax in fig.axes:
+        for axis, lim, index in ((ax.xaxis, ax.get_xlim(), 0), (ax.yaxis, ax.get_ylim(), 1)):
+            lo, hi = sorted(lim)
+            for minor in (False, True):
+                formatter = axis.get_minor_formatter() if minor else axis.get_major_formatter()
+                numeric = isinstance(formatter, (ScalarFormatter, LogFormatter)) and not (
+                    isinstance(formatter, ScalarFormatter) and formatter.get_offset())
+                for tick in axis.get_ticklabels(minor=minor):
+                    text, where = tick.get_text(), tick.get_position()[index]
+                    if not text or not lo <= where <= hi:
+                        continue
+                    if any(mark in text for mark in ("$", "^{", "\\")):
+                        problems.append(f"math text in a tick label: {text!r}")
+                        continue
+                    try:
+                        value = float(text.replace("\u2212", "-"))
+                    except ValueError:
+                        value = math.nan
+                    if numeric and not math.isclose(value, where, rel_tol=2e-3, abs_tol=1e-6 * (hi - lo)):
+                        problems.append(f"tick label {text!r} at {where:g}")
+    drawn, page = fig.get_tightbbox(), fig.bbox_inches
+    outside = drawn.x0 < 0 or drawn.y0 < 0 or drawn.x1 > page.x1 or drawn.y1 > page.y1
+    # text outside the figure: the image must be the drawn area (with a margin), not the figure
+    if outside and (size[0] < drawn.width * dpi - 1 or size[1] < drawn.height * dpi - 1
+                    or size == (round(page.width * dpi), round(page.height * dpi))):
+        problems.append(f"text outside the image: drawn {drawn.bounds}, image {size} px")
+    return problems

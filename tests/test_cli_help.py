@@ -24,3 +24,12 @@ def test_help_has_no_markup_lines(capsys: pytest.CaptureFixture[str]) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert "::" not in [line.strip() for line in lines]
     assert any(line.strip().startswith("lightning-triage demo") for line in lines)
+
+
+def test_version_prints_the_version_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_triage import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"lightning-triage {__version__}"

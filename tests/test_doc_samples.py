@@ -60,6 +60,27 @@ def test_sample_report_page_names_only_what_the_run_reports(reports: dict[str, d
     assert {"curve.diverging", "numerics.nonfinite_forward"} <= set(overfit["explained_by"])
 
 
+
+def test_the_diverging_demo_plots_read_plainly(reports: dict[str, dict[str, Any]]) -> None:
+    """The lr-50 run's loss climbs over 35 decades (a log axis), the run the plot matters for
+    most: every tick label of its plots is a plain number at its position (no raw TeX such as
+    ``$\\mathdefault{10^{35}}$``) and no axis title is cut at the image's edge."""
+    pytest.importorskip("matplotlib")
+    from lightning_triage import plots
+    from tests.helpers import drawn_plot, plot_text_problems
+
+    lr50 = reports["lr-50"]
+    drawn = {p.__name__: drawn_plot(p, lr50) for p in (plots.loss_plot, plots.grad_plot,
+                                                        plots.init_plot)}
+    fig = (drawn["loss_plot"] or (None,))[0]
+    assert fig is not None and fig.axes[0].get_yscale() == "log"
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()]
+    assert "1e+35" in labels or "1e+28" in labels, labels
+    for name, found in drawn.items():
+        assert found is not None, name
+        assert not plot_text_problems(*found), name
+
+
 def test_healthy_section_names_the_routine_findings(reports: dict[str, dict[str, Any]]) -> None:
     text = (ROOT / "docs" / "getting_started.md").read_text()
     prose = text.split("<!-- end sample -->")[-1].split("\n## ")[0]

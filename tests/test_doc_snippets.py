@@ -8,9 +8,11 @@ a new interpreter's seconds of imports), any other line under ``bash``. Markers 
 source, on the line before a block:
 
 - ``<!-- skip: REASON -->``: not run (installs packages, trains every demo scenario, ...);
-- ``<!-- file: NAME -->``: a script, written to ``NAME`` for a later block to run;
-- ``<!-- setup: PYTHON -->``: one line of Python run first (hidden from the rendered page), to
-  make what the block reads (e.g. a run's report).
+- ``<!-- file: NAME -->``: a script, written to ``NAME`` for a later block to run.
+
+Nothing else runs: a block that reads a file (a run's report) follows the visible block that
+makes it, so a reader who pastes the page in order gets the same result. A hidden set-up step
+(a marker that ran code the page does not show) is refused.
 
 A Python block that defines ``test_*`` functions (a pytest example) has them called, with a
 fresh ``tmp_path`` where they ask for one. Trainers get fast defaults from Lightning's
@@ -37,7 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN = ("python", "bash")
 BLOCK = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<code>.*?)^```$", flags=re.DOTALL | re.MULTILINE)
-MARK = re.compile(r"<!-- (?P<kind>skip|file|setup): (?P<arg>.+?) -->\n$")
+MARK = re.compile(r"<!-- (?P<kind>skip|file): (?P<arg>.+?) -->\n$")
+#: Any HTML comment marker before a block that is not ``skip`` or ``file`` (e.g. a hidden
+#: ``setup`` line): code the reader would not see.
+HIDDEN = re.compile(r"<!-- (?!skip:|file:)[\w-]+: .*?-->\n```")
 FAST = {"PL_TRAINER_MAX_STEPS": "8", "PL_TRAINER_LIMIT_VAL_BATCHES": "2",
         "PL_TRAINER_ENABLE_PROGRESS_BAR": "False", "PL_TRAINER_ENABLE_MODEL_SUMMARY": "False"}
 
@@ -48,7 +53,7 @@ class Block:
     line: int
     lang: str
     code: str
-    mark: str | None = None  # "skip", "file" or "setup"
+    mark: str | None = None  # "skip" or "file"
     arg: str = ""
 
     @property
@@ -81,6 +86,15 @@ def test_every_python_and_shell_block_runs_or_says_why_not() -> None:
     assert all(len(r.split()) >= 3 for r in reasons), f"say why a block does not run: {reasons}"
     assert len(runnable_pages()) >= 8
 
+
+
+def test_no_block_depends_on_hidden_set_up() -> None:
+    """What a block reads is made by a block the reader sees: no marker runs hidden code."""
+    hidden = [f"{p.relative_to(ROOT)}:{p.read_text()[:m.start()].count(chr(10)) + 1}"
+              for p in PAGES for m in HIDDEN.finditer(p.read_text())]
+    assert not hidden, f"make what these blocks read in a visible block: {hidden}"
+    assert HIDDEN.search("<!-- setup: main() -->\n```python\n")
+    assert not HIDDEN.search("<!-- skip: installs packages -->\n```bash\n")
 
 def _call(argv: list[str]) -> int:
     """Run one command line as the shell would, in this process when it is ``lightning-triage``
@@ -143,8 +157,6 @@ def test_page_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
         if block.mark == "file":
             (tmp_path / block.arg).write_text(block.code)
             continue
-        if block.mark == "setup":
-            exec(block.arg, namespace)
         try:
             if block.lang == "python":
                 _run_python(block, namespace, tmp_path)

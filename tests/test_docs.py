@@ -235,3 +235,146 @@ def test_gallery_holds_every_code_once_without_wall_times() -> None:
     assert set(entries) | set(without) <= set(CODES), "the gallery shows unregistered codes"
     assert not make._WALL_TIME.search(text), "wall times churn the gallery: strip them"
     assert make.read_entries(make.page(entries)) == entries  # --only keeps the other entries as they are
+
+
+# ------------------------------------------------------------------ the changelog names what exists
+CHANGELOG = ROOT / "CHANGELOG.md"
+#: `Triage(old=)` -> `new` (also `A`/`B(old=)` -> `new`): a rename entry's old and new names.
+_RENAMED = re.compile(r"`(?:\w+\()?(\w+)=?\)?`\s*->\s*`(\w+)`")
+_CALL_ARG = re.compile(r"`(\w+)\((\w+)=")
+_FILE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.(?:py|md|yaml|ipynb|json|toml))\b")
+_SCENARIO = re.compile(r"`([\w-]+)` (?:demo )?scenario|demo(?:'s)? (?:scenario )?`([\w-]+)`"
+                       r"|the `([\w-]+)` demo")
+
+
+def _sections(text: str) -> dict[str, str]:
+    parts = re.split(r"^## ", text, flags=re.MULTILINE)[1:]
+    return {part.split("\n", 1)[0]: part for part in parts}
+
+
+def _entries(section: str) -> list[str]:
+    return [e for e in re.split(r"\n- ", section)[1:]]
+
+
+def _parameters(name: str) -> set[str] | None:
+    """The keyword names a public callable of lightning_triage takes (None: not ours, or takes
+    any keyword)."""
+    obj = getattr(lightning_triage, name, None)
+    if obj is None or not callable(obj):
+        return None
+    params = inspect.signature(obj).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    return set(params)
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def _entry_problems(entry: str, renamed: dict[str, str], scenarios: set[str]) -> list[str]:
+    problems: list[str] = []
+    body = _RENAMED.sub("", entry)  # a rename's old side is the one place for old names
+    problems += [f"`{old}` was renamed `{new}` in this section" for old, new in renamed.items()
+                 if re.search(rf"`[^`\n]*\b{old}\b[^`\n]*`", body)]
+    calls = _CALL_ARG.findall(body)
+    head = re.match(r"`(\w+)`", entry)
+    if head and "Arguments:" in entry:
+        listed = entry.split("Arguments:", 1)[1].split(".\n", 1)[0]
+        calls += [(head[1], arg) for arg in re.findall(r"`(\w+)`", listed)]
+    for name, arg in calls:
+        params = _parameters(name)
+        if params is not None and arg not in params:
+            problems.append(f"`{name}` takes no argument `{arg}`")
+    problems += [f"`{dotted}` does not exist"
+                 for dotted in re.findall(r"`(lightning_triage(?:\.\w+)+)", entry)
+                 if not _resolves(dotted)]
+    problems += [f"no file {path}" for path in _FILE.findall(entry)
+                 if not path.startswith("triage_report.") and not any(
+                     (ROOT / base / path).exists() for base in ("", "src", "examples", "docs"))]
+    for match in _SCENARIO.finditer(entry):
+        name = next(g for g in match.groups() if g)
+        if name not in scenarios and "tests/scenarios" not in entry:
+            problems.append(f"`{name}` is not a demo scenario")
+    return problems
+
+
+def changelog_problems(text: str) -> list[str]:
+    """What a changelog says that the code or the repository does not have: arguments of our
+    public callables that they do not take (`Triage(x=...)`, an entry's "Arguments:" list),
+    names that a rename entry of the same section renamed, `lightning_triage.*` names that do
+    not resolve, files that do not exist and demo scenarios that the demo does not have."""
+    from lightning_triage.demo import SCENARIOS
+
+    scenarios = {s.name for s in SCENARIOS}
+    problems: list[str] = []
+    for title, section in _sections(text).items():
+        renamed = {old: new for old, new in _RENAMED.findall(section) if old != new}
+        for entry in _entries(section):
+            problems += [f"{title}: {p}" for p in _entry_problems(entry, renamed, scenarios)]
+    return problems
+
+
+def test_changelog_names_what_the_code_has() -> None:
+    pytest.importorskip("sklearn")  # lightning_triage.demo's scenarios
+    problems = changelog_problems(CHANGELOG.read_text())
+    assert not problems, problems
+
+
+def test_changelog_check_finds_each_kind_of_mismatch() -> None:
+    pytest.importorskip("sklearn")
+    page = ("## [Unreleased]\n\n### Added\n\n"
+            "- `Triage`: the bundle. Arguments: `report_dir`, `overfit_steps`.\n"
+            "- `Triage(overfit_budget=2)` bounds the probe; `lightning_triage.nowhere` helps.\n"
+            "- New codes beyond DESIGN.md; the `lr-0` scenario; the `lr-50` demo.\n\n"
+            "### Changed\n\n- Renamed: `Triage(overfit_steps=)` -> `overfit_max_steps`.\n")
+    problems = changelog_problems(page)
+    assert problems == [
+        "[Unreleased]: `overfit_steps` was renamed `overfit_max_steps` in this section",
+        "[Unreleased]: `Triage` takes no argument `overfit_steps`",
+        "[Unreleased]: `Triage` takes no argument `overfit_budget`",
+        "[Unreleased]: `lightning_triage.nowhere` does not exist",
+        "[Unreleased]: no file DESIGN.md",
+        "[Unreleased]: `lr-0` is not a demo scenario",
+    ], problems
+
+
+# ------------------------------------------------- one place says where the measurements were taken
+_HARDWARE_CLAIM = re.compile(r"(?:GPU|accelerator)\s+(?:was|were)\s+lent|all\s+are\s+CPU"
+                             r"|every\s+number\s+is\s+CPU|no\s+GPU\s+timing", re.IGNORECASE)
+
+
+def test_pages_take_where_they_were_measured_from_one_place() -> None:
+    """Where the documented timings were measured (CPU only; a GPU for correctness) is said by
+    one generated block (`docs/make_code_tables.py`, `MEASURED`): pages that report dated runs
+    carry it, and no page says it in words of its own (docs/benchmarks.md once said "no GPU was
+    lent" above a measured H200 section)."""
+    make = _load("make_code_tables")
+    block = f"<!-- generated: measured -->\n{make.measured()}\n<!-- end generated -->"
+    for page in [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]:
+        text = page.read_text()
+        outside = text.replace(block, "")
+        claims = _HARDWARE_CLAIM.findall(outside)
+        assert not claims, f"{page.name} says where it measured in its own words: {claims}"
+        if re.search(r"\bRuns? of \**20\d\d-", text):
+            assert block in text, f"{page.name} reports dated runs: add <!-- generated: measured -->"
+    assert _HARDWARE_CLAIM.search(make.measured())
+
+
+def test_make_demo_writes_where_the_samples_say() -> None:
+    """The README's samples end with `full report: runs/demo/...`: `make demo` writes there (and
+    `run_demo` ends by printing the next commands for those paths)."""
+    samples = _load("make_samples")
+    recipe = (ROOT / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert f"-m lightning_triage demo --report-root {samples.REPORT_ROOT}" in recipe

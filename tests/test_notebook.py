@@ -18,7 +18,7 @@ def test_walkthrough_is_committed_without_outputs() -> None:
     code = [c for c in raw["cells"] if c["cell_type"] == "code"]
     assert code, "the walkthrough has no code cells"
     dirty = [i for i, c in enumerate(code) if c.get("outputs") or c.get("execution_count") is not None]
-    assert not dirty, f"strip the outputs of code cells {dirty} (e.g. `jupyter nbconvert --clear-output`)"
+    assert not dirty, f"strip the outputs of code cells {dirty} (notebooks/README.md says how)"
     assert not any(c.get("attachments") for c in raw["cells"])
 
 

@@ -6,9 +6,11 @@
     lightning-triage html JSON [-o OUT] [--no-plots]            re-render the HTML page
     lightning-triage diff A B                                    settings and findings, A -> B
     lightning-triage demo [scenario ...]                         the demo runs
+    lightning-triage --version
 
 Exit codes: 0 clean; 1 the report (for ``diff``: B, the newer run; for ``demo``: a scenario
-not caught) holds findings at or above ``--fail-on`` (default ``error``; ``none``: never 1);
+not caught) holds findings at or above ``--fail-on`` (default ``error``; ``none``: never 1),
+also for ``html``, after it wrote the page;
 2 the command could not do its work: bad arguments, no report there, a file that is not a valid
 lightning-triage report (one line on stderr says what is wrong), an output that cannot be
 written. ``show``, ``html`` and ``diff`` import neither torch nor Lightning.
@@ -228,13 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-triage", description=(__doc__ or "").replace("\n::\n", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    from lightning_triage import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     fail_help = ("exit 1 when findings at this severity or worse are present "
                  "(default: error; none: never)")
     show = sub.add_parser("show", help="print a saved report (a JSON file or a run directory)")
     show.add_argument("source", help="triage_report.json or a directory holding one")
     show.add_argument("--fail-on", choices=FAIL_CHOICES, default="error", help=fail_help)
-    html = sub.add_parser("html", help="re-render the self-contained HTML report from its JSON")
+    html = sub.add_parser("html", help="re-render the self-contained HTML report from its JSON "
+                                       "(then exit 1 on findings, as show)")
     html.add_argument("source", help="triage_report.json or a directory holding one")
     html.add_argument("-o", "--output", default=None,
                       help="where to write (default: triage_report.html beside the JSON)")

@@ -17,7 +17,10 @@ from typing import Any
 
 SEV_COLOR = {"error": "#c0392b", "warning": "#b9770e", "info": "#5d6d7e"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
-_PLAIN_TEXT = {"text.usetex": False, "text.parse_math": False}
+#: Text drawn as it is written: no TeX, no math text, and tick formatters that do not produce
+#: math text (matplotlib's log-axis labels are ``$\mathdefault{10^{35}}$`` otherwise, shown raw
+#: once math text is off).
+_PLAIN_TEXT = {"text.usetex": False, "text.parse_math": False, "axes.formatter.use_mathtext": False}
 
 
 def figure_class() -> Any | None:
@@ -48,9 +51,32 @@ def draw(plot: Callable[..., str | None], *args: Any) -> tuple[str | None, bool]
         return None, True
 
 
+def plain_tick_labels(fig: Any) -> None:
+    """Give every log-scaled axis of ``fig`` plain-text tick labels (``1e+35``, ``100``, ``0.01``):
+    matplotlib's default log formatter writes math text, which reads as raw TeX when math text
+    is off. Which ticks carry a label stays matplotlib's choice."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return f"{x:.4g}" if super().__call__(x, pos) else ""
+
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":
+                axis.set_major_formatter(PlainLogFormatter())
+                axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
+
+
 def png(fig: Any) -> str:
+    """The figure as a PNG ``data:`` URI: log axes labelled in plain text, and the image widened
+    to the text drawn outside the figure (wide tick labels pushing an axis title off the edge)
+    rather than the text cut."""
+    plain_tick_labels(fig)
+    drawn, page = fig.get_tightbbox(), fig.bbox_inches
+    cut = drawn.x0 < 0 or drawn.y0 < 0 or drawn.x1 > page.x1 or drawn.y1 > page.y1
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
+    fig.savefig(buf, format="png", dpi=80, **({"bbox_inches": "tight", "pad_inches": 0.05} if cut else {}))
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -129,7 +155,7 @@ def loss_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)
     ax.set_title(f"loss curve: {curve_verdict(report)}", fontsize=10)
-    fig.subplots_adjust(left=0.13, right=0.97, top=0.9, bottom=0.3)
+    fig.subplots_adjust(left=0.15, right=0.97, top=0.9, bottom=0.3)
     return png(fig)
 
 

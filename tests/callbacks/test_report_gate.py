@@ -45,6 +45,22 @@ def test_fail_on_stays_silent_on_a_healthy_run(tmp_path: Path) -> None:
     assert_no_findings(triage.report.report, severity="warning")
 
 
+
+def test_fail_on_none_never_raises_as_the_command_line_takes_it(tmp_path: Path) -> None:
+    """`fail_on="none"` is `--fail-on none`: the broken run's report holds an error, no raise."""
+    train, val = digits_loaders()
+    triage = Triage(fail_on="none", verbose=False)
+    assert triage.fail_on == "none" and triage.report.fail_on == "none"
+    trainer = make_trainer(tmp_path, [triage])
+    trainer.fit(DigitsMLP(logit_scale=100.0), train, val)  # no TriageGateError
+    assert trainer.state.finished
+    assert "init.loss_above_chance" in codes(triage.report.report)
+    from lightning_triage.__main__ import main
+
+    assert main(["show", str(tmp_path), "--fail-on", "none"]) == 0
+    assert main(["show", str(tmp_path), "--fail-on", "error"]) == 1
+    assert TriageReport(fail_on="none").fail_on == "none"
+
 def test_fail_on_is_validated() -> None:
     with pytest.raises(ValueError, match=r"`fail_on` must be one of .* got 'fatal'"):
         TriageReport(fail_on="fatal")  # type: ignore[arg-type]

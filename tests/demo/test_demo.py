@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 from rich.console import Console
 
 from lightning_triage.__main__ import main
-from lightning_triage.demo import SCENARIOS, Scenario, caught, run_scenario, verdict
+from lightning_triage.demo import SCENARIOS, Scenario, caught, next_steps, run_scenario, verdict
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
@@ -54,7 +57,37 @@ def test_command_line_runs_named_scenarios(tmp_path: Path, capsys: pytest.Captur
     assert "init.loss_above_chance" in out
     report = json.loads((tmp_path / "scaled-logits" / "triage_report.json").read_text())
     assert report["start_here"] == "init.loss_above_chance"
+    # it ends with the next two commands, which work as printed
+    steps = out[out.rindex("\nNext:\n") + 1:].splitlines()
+    browser, show = shlex.split(steps[2]), shlex.split(steps[4])
+    assert browser[0] == sys.executable and browser[1:3] == ["-m", "webbrowser"]
+    html = Path(urlparse(browser[3]).path)
+    assert html == tmp_path / "scaled-logits" / "triage_report.html" and html.exists()
+    assert show[:3] in ([sys.executable, "-m", "lightning_triage"],) or show[0].endswith(
+        "/lightning-triage"), show
+    capsys.readouterr()
+    assert main(show[show.index("show"):]) == 1  # it holds an error: exit 1 (--fail-on error)
+    assert "init.loss_above_chance" in capsys.readouterr().out
     assert main(["demo", "no-such-scenario"]) == 2
+
+
+def test_next_steps_run_through_the_demos_environment(tmp_path: Path) -> None:
+    """`make demo` leaves its virtual environment inactive: the commands name its interpreter
+    and console script, relative to the working directory, and the example where there is one."""
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "lightning-triage").touch()
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "train.py").touch()
+    text = next_steps("runs/demo", [s.name for s in SCENARIOS], venv / "python", cwd=tmp_path)
+    html = tmp_path / "runs" / "demo" / "lr-50" / "triage_report.html"
+    assert f".venv/bin/python -m webbrowser {html.as_uri()}" in text
+    assert ".venv/bin/lightning-triage show runs/demo/lr-50" in text
+    assert ".venv/bin/python -m examples.train --lr 50" in text
+    text = next_steps(tmp_path / "out", ["healthy", "scaled-logits"], "/opt/py/bin/python3",
+                      cwd=tmp_path / "elsewhere")
+    assert f"/opt/py/bin/python3 -m lightning_triage show {tmp_path}/out/scaled-logits" in text
+    assert "examples.train" not in text
 
 
 def test_verdict_tells_a_lead_from_a_finding_shown_further_down() -> None:

@@ -10,7 +10,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import lightning
 import lightning.pytorch as pl
@@ -38,7 +38,10 @@ from lightning_triage.report import (
 from lightning_triage.report_safe import describe
 from lightning_triage.suspicions import settle_suspicions
 
-_FAIL_ON = (None, *SEVERITIES)
+#: ``fail_on`` as the callbacks take it: a severity, or ``"none"`` / ``None`` for never (the
+#: command line's ``--fail-on none``).
+GateOn = Literal["error", "warning", "info", "none"]
+_FAIL_ON = (None, "none", *SEVERITIES)
 
 
 def strategy_name(strategy: object) -> str:
@@ -201,7 +204,8 @@ class TriageReport(Callback):
         log_findings: send findings and the summary to the trainer's loggers.
         fail_on: ``"error"``, ``"warning"`` or ``"info"``: raise :class:`TriageGateError` at the
             end of fit (after the report is written) when the report holds findings at that
-            severity or worse; ``None`` (default): never.
+            severity or worse; ``"none"`` or ``None`` (default): never (as ``--fail-on none``
+            on the command line).
         strict: raise errors met while building or writing the report instead of warning.
         verify_remedies: try the lead's fix on a copy of the run before writing the report
             (docs/remedies.md): for a learning-rate lead, the fit's first recorded batches are
@@ -230,7 +234,7 @@ class TriageReport(Callback):
     codes: ClassVar[tuple[str, ...]] = ("run.unseeded",)
 
     def __init__(self, *, report_dir: str | os.PathLike[str] | None = None, verbose: bool = True,
-                 html: bool = True, log_findings: bool = True, fail_on: FailOn | None = None,
+                 html: bool = True, log_findings: bool = True, fail_on: GateOn | None = None,
                  strict: bool = False, verify_remedies: bool = True) -> None:
         if report_dir is not None and not isinstance(report_dir, (str, os.PathLike)):
             raise fail("report_dir", report_dir, "a path or None")
@@ -470,8 +474,9 @@ class TriageReport(Callback):
         built report: a report that could not be built fails the gate with its
         ``triage.check_error``, and so does an error while deciding (fails closed). Every rank
         decides together."""
-        if self.fail_on is None or self._resolved_dir is None:
+        if self.fail_on in (None, "none") or self._resolved_dir is None:
             return
+        severity: FailOn = self.fail_on  # type: ignore[assignment]  # "none" returned above
         try:
             findings = self._gate_findings
             if findings is None:  # the report was not built in this process: ask the checks
@@ -479,7 +484,7 @@ class TriageReport(Callback):
                             for f in c.findings]
             with contextlib.suppress(Exception):  # unsettled: a suspicion stays (fails closed)
                 findings = settle_suspicions(findings)
-            worst = SEVERITIES.index(self.fail_on)
+            worst = SEVERITIES.index(severity)
             bad = [f.to_dict() for f in findings if SEVERITIES.index(f.severity) <= worst]
             if self._build_error is not None and not any(
                     f["code"] == "triage.check_error" and f["check"] == "TriageReport" for f in bad):
@@ -487,7 +492,7 @@ class TriageReport(Callback):
         except Exception as exc:  # the gate cannot tell: it does not pass the run
             bad = [self._report_error(exc, "deciding `fail_on`").to_dict()]
         if trainer.strategy.reduce_boolean_decision(bool(bad), all=False):
-            raise TriageGateError(bad, self.fail_on, self.paths[0] if self.paths else None)
+            raise TriageGateError(bad, severity, self.paths[0] if self.paths else None)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -29,13 +29,12 @@ from lightning_triage.callbacks.loss_curve import LossCurveMonitor
 from lightning_triage.callbacks.nonfinite_tracer import Mode, NonFiniteTracer, OnNonFinite
 from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.padding_probe import PaddingProbe
-from lightning_triage.callbacks.report import TriageReport
+from lightning_triage.callbacks.report import GateOn, TriageReport
 from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
 from lightning_triage.callbacks.update_contracts import UpdateContractCheck
 from lightning_triage.callbacks.worst_errors import WorstErrors
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
-from lightning_triage.report import FailOn
 
 #: The monitors' default ``max_window_steps`` (raised to ``window_steps`` when that is larger).
 _MAX_WINDOW_STEPS = 5000
@@ -92,7 +91,8 @@ class Triage(Callback):
             (:class:`PaddingProbe`) when it cannot find the mask by name.
         fail_on: ``"error"``, ``"warning"`` or ``"info"``: a CI gate, raising
             :class:`~lightning_triage.report.TriageGateError` at the end of fit (after the report
-            is written) when findings at that severity or worse were found; ``None``: never.
+            is written) when findings at that severity or worse were found; ``"none"`` or
+            ``None``: never (as ``--fail-on none`` on the command line).
         html: also write the self-contained ``triage_report.html``.
         log_findings: send findings and the summary to the trainer's loggers as they happen
             (``triage/findings_<severity>`` counts; text on TensorBoard).
@@ -147,7 +147,7 @@ class Triage(Callback):
         on_spike: OnSpike = "warn",
         stochastic_eval: bool = False,
         padding_mask_key: BatchKey | None = None,
-        fail_on: FailOn | None = None,
+        fail_on: GateOn | None = None,
         html: bool = True,
         log_findings: bool = True,
         verify_remedies: bool = True,

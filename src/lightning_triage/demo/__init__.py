@@ -5,6 +5,8 @@ Run it with ``python -m lightning_triage demo`` (needs the ``demo`` extra).
 
 from __future__ import annotations
 
+import shlex
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -124,6 +126,53 @@ def verdict(scenario: Scenario, report: dict[str, Any] | None) -> str:
     return "leads" if report["start_here"] == scenario.expect else "shown"
 
 
+def _shown(path: Path, cwd: Path) -> str:
+    """``path`` (absolute) relative to ``cwd`` when it is below it (what a reader types)."""
+    return str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)
+
+
+def next_steps(report_root: str | Path, names: Sequence[str],
+               executable: str | Path | None = None, cwd: str | Path | None = None) -> str:
+    """What to type after the demo: open one run's HTML report in a browser, and read it again
+    with the command line, both through the Python environment that ran the demo (``make demo``
+    leaves its virtual environment inactive, so a bare ``lightning-triage`` may not be found).
+
+    The run shown is ``lr-50`` when it ran, else the first broken scenario that ran. Relative
+    paths are taken from ``cwd`` (default: the working directory).
+
+    Example:
+        >>> print(next_steps("runs/demo", ["healthy", "lr-50"], "/src/lt/.venv/bin/python",
+        ...                  cwd="/src/lt"))
+        Next:
+          1. open the HTML report of the lr-50 run in a browser:
+             .venv/bin/python -m webbrowser file:///src/lt/runs/demo/lr-50/triage_report.html
+          2. read it with the command line, through the environment that ran the demo:
+             .venv/bin/python -m lightning_triage show runs/demo/lr-50
+    """
+    from lightning_triage.report import HTML_NAME
+
+    here = Path(cwd or Path.cwd()).absolute()
+    broken = [n for n in names if n == "lr-50"] + [
+        s.name for s in SCENARIOS if s.name in names and s.expect is not None]
+    name = (broken or list(names) or ["lr-50"])[0]
+    run_dir = here / report_root / name
+    python = here / (executable or sys.executable)
+    script = python.with_name("lightning-triage")  # the console script beside the interpreter
+    cli = [_shown(script, here)] if script.exists() else [_shown(python, here), "-m",
+                                                          "lightning_triage"]
+    lines = [
+        "Next:",
+        f"  1. open the HTML report of the {name} run in a browser:",
+        f"     {shlex.join([_shown(python, here), '-m', 'webbrowser', (run_dir / HTML_NAME).as_uri()])}",
+        "  2. read it with the command line, through the environment that ran the demo:",
+        f"     {shlex.join([*cli, 'show', _shown(run_dir, here)])}",
+    ]
+    if (here / "examples" / "train.py").exists():  # a clone of the repository: its example
+        lines += ["     or train the example project the same way (README, \"Reading the report\"):",
+                  f"     {shlex.join([_shown(python, here), '-m', 'examples.train', '--lr', '50'])}"]
+    return "\n".join(lines)
+
+
 def run_demo(names: Sequence[str] | None = None, report_root: str | Path | None = None) -> int:
     """Run the demo scenarios (all, or those named), print their reports and a summary.
 
@@ -155,4 +204,6 @@ def run_demo(names: Sequence[str] | None = None, report_root: str | Path | None 
         table.add_row(scenario.name, start, marks[verdict(scenario, report)])
     console.print(table)
     console.print(f"reports written under {root}", highlight=False)
+    console.print(next_steps(root, [s.name for s in chosen]), highlight=False, markup=False,
+                  soft_wrap=True)
     return 0 if all(caught(s, r) for s, r in results) else 1
