@@ -23,6 +23,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
 
 from lightning_triage._compat import grad_scaler, is_overridden
 from lightning_triage.findings import Finding, explain_findings, sort_findings, start_here
@@ -97,6 +98,8 @@ def unavailable(trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | Non
         return "manual optimization: the replay runs Lightning's automatic step only"
     if len(trainer.optimizers) != 1:
         return f"{len(trainer.optimizers)} optimizers: the replay steps exactly one"
+    if any(is_lazy(t) for t in (*pl_module.parameters(), *pl_module.buffers())):
+        return "lazy parameters not initialized at the first batch: no starting state to keep"
     if grad_scaler(trainer) is not None:
         return "float16 mixed precision: the replay does not reproduce loss scaling"
     for name in ("optimizer_step", "optimizer_zero_grad", "backward"):
