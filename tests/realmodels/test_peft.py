@@ -42,16 +42,21 @@ PRETRAIN_STEPS = {"bert": 64, "gpt2": 120}
 
 
 class Chain(Tokens):
-    """Token chains: each token is a function of the one before (every target predictable)."""
+    """Token chains: each token is a function of the one before (every target predictable).
 
-    def __init__(self, n: int, seed: int, parity: int) -> None:
+    The pretraining's rule is ``7t mod 99 + 1``; a fine-tune (``adapt``) keeps it for odd tokens
+    and follows ``3t mod 99 + 1`` after even ones: a related task with something new to learn,
+    as a fine-tune has (a base that already fits its fine-tuning data has nothing to learn, and
+    its flat curve is rightly read as a slow one)."""
+
+    def __init__(self, n: int, seed: int, parity: int, adapt: bool = False) -> None:
         super().__init__("lm", n, seed)
         for i in range(n):
             t = 2 * (int(self.ids[i, 0]) // 2) + parity  # first tokens of one parity
             t = t if 0 < t < VOCAB else 1 + parity
             self.ids[i, 0] = t
             for j in range(1, int(self.mask[i].sum())):
-                t = (t * 7) % (VOCAB - 1) + 1
+                t = (t * (3 if adapt and t % 2 == 0 else 7)) % (VOCAB - 1) + 1
                 self.ids[i, j] = t
         self.labels = self.ids.masked_fill(self.mask == 0, -100)
 
@@ -59,11 +64,13 @@ class Chain(Tokens):
 def loaders(kind: str, seed: int) -> tuple[DataLoader, DataLoader]:
     if kind == "bert":
         return token_loaders("classify", seed)
-    # the pretraining starts its chains at odd tokens, the fine-tune's training at even ones
-    # and its validation at odd ones (no validation example is a training example)
-    train = DataLoader(Chain(256, seed, 1 if seed >= 1000 else 0), batch_size=16, shuffle=True,
-                       generator=torch.Generator().manual_seed(seed))
-    return train, DataLoader(Chain(64, seed + 100, 1), batch_size=32)
+    # the pretraining (seed >= 1000) starts its chains at odd tokens under the base rule; the
+    # fine-tune's training starts at even ones and its validation at odd ones, under the
+    # adapted rule (no validation example is a training example)
+    pretraining = seed >= 1000
+    train = DataLoader(Chain(256, seed, 1 if pretraining else 0, adapt=not pretraining),
+                       batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    return train, DataLoader(Chain(64, seed + 100, 1, adapt=not pretraining), batch_size=32)
 
 
 @cache
@@ -133,15 +140,8 @@ def check_of(report: dict[str, Any], name: str) -> dict[str, Any]:
 def test_healthy_lora_fine_tune_is_silent(tmp_path: Path, kind: str, seed: int) -> None:
     report = fit(tmp_path, lora_module(kind, seed), kind, seed)
     assert report is not None
-    if kind == "bert":
-        assert problems(report) == []
-        assert report["start_here"] is None
-    else:
-        # the PEFT facts are silent; this toy GPT-2's rank-8 adapters over a 32-wide frozen
-        # base cannot memorize 8 sequences to 0.05x chance on every seed (`overfit.failed`)
-        # and its curve is slow on some seeds: those stages are not asserted here
-        peft_stages = ("data.", "init.", "wiring.", "grad.", "structure.", "mode.", "numerics.")
-        assert [p for p in problems(report) if p[0].startswith(peft_stages)] == []
+    assert problems(report) == []
+    assert report["start_here"] is None
     wiring = check_of(report, "GradientWiringCheck")
     assert wiring["status"] == "passed", wiring
     # lora_A's zero gradient at step 0 was seen, deferred and confirmed non-zero later
