@@ -31,10 +31,15 @@ def replay(end: list[float], steps: list[float] | None = None) -> Replay:
     return Replay(steps if steps is not None else [2.3] * 30, end)
 
 
-def test_registry_declares_the_remedies_of_this_slice() -> None:
+def test_registry_declares_the_remedies() -> None:
     kinds = {code: spec.remedy for code, spec in CODES.items() if spec.remedy != "none"}
     assert {c for c, k in kinds.items() if k == "lr_down"} == {
-        "curve.lr_too_high", "curve.diverging", "grad.exploding"}
+        "curve.lr_too_high", "curve.diverging"}
+    assert kinds["grad.exploding"] == "lr_down_clip"
+    assert {c for c, k in kinds.items() if k == "standardize_input"} == {
+        "data.unnormalized_input", "data.tiny_input_scale"}
+    assert kinds["wiring.grads_not_zeroed"] == "zero_grads"
+    assert kinds["wiring.params_not_in_optimizer"] == "add_params"
     assert {c for c, k in kinds.items() if k == "lr_up"} == {
         "curve.lr_too_low", "curve.not_learning", "grad.update_ratio"}
     assert kinds["numerics.precision_overflow"] == "float32_replay"
