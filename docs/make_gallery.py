@@ -34,6 +34,7 @@ from lightning_triage.demo.numerics import log_softmax_scenario
 from lightning_triage.demo.sequences import TinyLM, random_token_loaders
 from lightning_triage.demo.wiring import DetachedEncoderMLP
 from lightning_triage.findings import CODES, stage_index
+from lightning_triage.report import remedy_line
 
 Loaders = tuple[DataLoader, DataLoader]
 
@@ -503,8 +504,12 @@ def entry(code: str, story: str, f: dict[str, Any]) -> str:
     where = f" at step {f['global_step']}" if f.get("global_step") is not None else ""
     layer = f", layer `{f['layer']}`" if f.get("layer") else ""
     message = _WALL_TIME.sub("", " ".join(f["message"].split()))
-    return "\n".join([f"## `{code}`", "", f"*{f['severity']}* — run: {story}{where}{layer}.", "",
-                      f"> {message}", "", f"**Next:** {f['hint']}", ""])
+    lines = [f"## `{code}`", "", f"*{f['severity']}* — run: {story}{where}{layer}.", "",
+             f"> {message}", "", f"**Next:** {f['hint']}", ""]
+    trial = remedy_line(code, f.get("remedy"))
+    if trial is not None:  # the lead's fix tried on a copy (docs/remedies.md)
+        lines += [f"**Remedy:** {trial}", ""]
+    return "\n".join(lines)
 
 
 def read_entries(text: str) -> dict[str, str]:

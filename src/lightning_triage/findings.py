@@ -28,9 +28,16 @@ SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 #: param group's learning rate divided, the first replayed steps run again), ``"lr_up"`` (the
 #: learning rate multiplied), ``"float32_replay"`` (the non-finite tracer's float32 replay of the
 #: failing step is the verification), ``"causal"`` (the finding's own probe is already an
-#: experiment on a copy: nothing to add), ``"none"`` (no mechanical remedy yet).
-RemedyKind = Literal["lr_down", "lr_up", "float32_replay", "causal", "none"]
-REMEDY_KINDS: tuple[RemedyKind, ...] = ("lr_down", "lr_up", "float32_replay", "causal", "none")
+#: experiment on a copy: nothing to add), ``"none"`` (no mechanical remedy yet). The other
+#: replayed ones: ``"lr_down_clip"`` (the learning rate divided *and* the gradients clipped at
+#: the median norm the replay saw), ``"standardize_input"`` (the main input standardized per
+#: channel with the recorded batches' statistics), ``"zero_grads"`` (the gradients zeroed before
+#: every backward), ``"add_params"`` (the parameters no optimizer holds added to a param group).
+RemedyKind = Literal["lr_down", "lr_up", "lr_down_clip", "standardize_input", "zero_grads",
+                     "add_params", "float32_replay", "causal", "none"]
+REMEDY_KINDS: tuple[RemedyKind, ...] = ("lr_down", "lr_up", "lr_down_clip", "standardize_input",
+                                        "zero_grads", "add_params", "float32_replay", "causal",
+                                        "none")
 
 #: The protocol stages, in the order findings are reported and fixed.
 STAGES: tuple[str, ...] = (
@@ -109,7 +116,8 @@ _SPECS: tuple[CodeSpec, ...] = (
           "early layers saturate.",
           when="The main float input of a training batch has a root mean square above `max_rms` (4.0), or "
                "every value below 0.1 in magnitude with rms < 0.01; integer inputs (token ids) are never "
-               "reported."),
+               "reported.",
+          remedy="standardize_input"),
     _spec("data.constant_input", "warning", "An input tensor is the same for every example",
           "The model cannot learn from an input that never changes: check the dataset indexing, "
           "the collate function and transforms that may overwrite the input.",
@@ -158,7 +166,8 @@ _SPECS: tuple[CodeSpec, ...] = (
           "helps the default initializations and learning rates.",
           when="The main float input is non-negative, holds 64+ values per example and stays below 0.1 "
                "with rms below 0.05 (intensities scaled down twice); signed signals and few-feature "
-               "tabular data stay silent."),
+               "tabular data stay silent.",
+          remedy="standardize_input"),
     _spec("data.short_batches", "warning", "The loader delivers fewer examples than its batch size",
           "Check the `collate_fn` and any processor after the sampler (a transform of whole "
           "batches, `on_after_batch_transfer`) for code that drops, filters or merges examples. "
@@ -222,13 +231,15 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("wiring.params_not_in_optimizer", "error", "Parameters get gradients but no optimizer updates them",
           "Pass all trainable parameters to the optimizer in `configure_optimizers` "
           "(`self.parameters()`, not one submodule's).",
-          when="Parameters receive gradients but are in no param group of `trainer.optimizers`."),
+          when="Parameters receive gradients but are in no param group of `trainer.optimizers`.",
+          remedy="add_params"),
     _spec("wiring.grads_not_zeroed", "error", "Gradients are not zeroed between optimizer steps",
           "Call `optimizer.zero_grad()` once per step (manual optimization: after `opt.step()`; "
           "an `optimizer_zero_grad` override must still zero). To accumulate on purpose, set "
           "`Trainer(accumulate_grad_batches=k)` or step and zero every k batches.",
           when="An optimizer steps on gradients left from before its previous step, not at "
-               "regular intervals, in the first steps."),
+               "regular intervals, in the first steps.",
+          remedy="zero_grads"),
     _spec("wiring.optimizer_not_stepping", "error", "The optimizer does not move the parameters",
           "See the cause in the evidence: `zero_lr`: check the LR scheduler (its factor at these "
           "steps) and `lr`; `skipped`: `training_step` returns `None` from that step on; "
@@ -396,7 +407,7 @@ _SPECS: tuple[CodeSpec, ...] = (
           when="A non-finite total norm after growth, the median total norm of the window's last fifth "
                "100x that of its first fifth (1e4x in a run that ended inside a window of 8-19 steps), "
                "or the first weight layer's median norm 1000x the last one's.",
-          remedy="lr_down"),
+          remedy="lr_down_clip"),
     _spec("grad.vanishing", "warning", "Gradients vanish in early layers",
           "Use ReLU-family activations, residual connections, normalization or a better init.",
           when="The first weight layer's median gradient norm is below 1/1000 of the last weight layer's."),

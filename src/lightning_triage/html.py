@@ -41,6 +41,8 @@ from lightning_triage.plots import grad_plot as _grad_plot
 from lightning_triage.plots import init_plot as _init_plot
 from lightning_triage.plots import initial_loss as _initial_loss
 from lightning_triage.plots import loss_plot as _loss_plot
+from lightning_triage.plots import remedy_plot as _remedy_plot
+from lightning_triage.plots import remedy_trial as _remedy_trial
 from lightning_triage.report import remedy_line
 
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
@@ -260,6 +262,16 @@ def _init_table(report: Mapping[str, Any]) -> Markup:
         if info else Markup("")
 
 
+def _remedy_table(report: Mapping[str, Any]) -> Markup:
+    remedy = _remedy_trial(report)
+    if remedy is None:
+        return Markup("")
+    before, after = remedy["before"], remedy["after"]
+    return _table(["replay", "steps", "final loss", "finite"],
+                  [["as is", before.get("steps"), before.get("loss"), before.get("finite")],
+                   ["remedied", after.get("steps"), after.get("loss"), after.get("finite")]])
+
+
 #: The plots: how to draw each, its caption, and the table that stands in for it.
 _PLOTS: tuple[tuple[Callable[..., str | None], str, Callable[..., Markup]], ...] = (
     (_loss_plot, "Training and validation loss; dashed: chance level; vertical lines: findings "
@@ -268,6 +280,9 @@ _PLOTS: tuple[tuple[Callable[..., str | None], str, Callable[..., Markup]], ...]
                  "dashed lines: spikes.", _grad_table),
     (_init_plot, "Step-0 loss against the chance level: a fresh model should be near chance.",
      _init_table),
+    (_remedy_plot, "The lead's fix tried on a copy: the training loss of the replayed steps, "
+                   "as they were and with the remedy (x: the replay went non-finite).",
+     _remedy_table),
 )
 
 

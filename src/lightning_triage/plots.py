@@ -246,6 +246,60 @@ def init_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
     return png(fig)
 
 
+def remedy_trial(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The remedy block of the first finding whose trial replayed steps both ways (``None``:
+    none did)."""
+    for f in report.get("findings", [])[:MAX_POINTS]:
+        remedy = f.get("remedy") if isinstance(f, Mapping) else None
+        if not isinstance(remedy, Mapping):
+            continue
+        before, after = remedy.get("before"), remedy.get("after")
+        if isinstance(before, Mapping) and isinstance(after, Mapping) \
+                and isinstance(before.get("losses"), list) and isinstance(after.get("losses"), list):
+            return remedy
+    return None
+
+
+def _replay_points(losses: Sequence[Any]) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for i, v in enumerate(losses[:MAX_STEPS]):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+            xs.append(i)
+            ys.append(float(v))
+    return xs, ys
+
+
+def remedy_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
+    """The replayed steps' training loss, as they were and with the remedy (at most
+    :data:`MAX_STEPS` steps each); a replay that went non-finite ends with an x."""
+    remedy = remedy_trial(report)
+    if remedy is None:
+        return None
+    lines = []
+    for key, name, color in (("before", "as is", "#c0392b"), ("after", "remedied", "#27ae60")):
+        losses = remedy[key]["losses"]
+        xs, ys = _replay_points(losses)
+        broke = next((i for i, v in enumerate(losses[:MAX_STEPS]) if v is None), None)
+        lines.append((xs, ys, name, color, broke))
+    if not any(ys for _, ys, _, _, _ in lines):
+        return None
+    fig = figure_cls(figsize=(3.6, 3.2))
+    ax = fig.add_subplot()
+    values = [v for _, ys, _, _, _ in lines for v in ys]
+    for xs, ys, name, color, broke in lines:
+        ax.plot(xs, ys, color=color, lw=1.4, label=name)
+        if broke is not None and ys:
+            ax.plot([xs[-1]], [ys[-1]], "x", color=color, ms=8)
+    if min(values) > 0 and max(values) / min(values) > 100:
+        ax.set_yscale("log")
+    ax.set_xlabel("replayed step", fontsize=9)
+    ax.set_ylabel("training loss", fontsize=9)
+    ax.set_title(label(f"remedy on a copy: {remedy.get('verdict', '')}"), fontsize=10)
+    ax.legend(fontsize=8)
+    fig.subplots_adjust(left=0.18, right=0.96, top=0.88, bottom=0.15)
+    return png(fig)
+
+
 def batch_images(figure_cls: Any, batch: Mapping[str, Any]) -> str | None:
     import numpy as np
 

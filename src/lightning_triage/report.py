@@ -193,8 +193,11 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
     if remedy.get("kind") == "float32_replay":
         return f"{verdict} on a copy: the failing step is finite when replayed in float32"
     text = f"{verdict} on a copy: "
-    if isinstance(before.get("lr"), (int, float)) and isinstance(after.get("lr"), (int, float)):
+    if isinstance(before.get("lr"), (int, float)) and isinstance(after.get("lr"), (int, float)) \
+            and before["lr"] != after["lr"]:
         text += f"lr {before['lr']:.3g} -> {after['lr']:.3g}, "
+        if isinstance(after.get("clip"), (int, float)):
+            text += f"gradients clipped at norm {after['clip']:.3g}, "
     else:
         text += f"{remedy.get('change', '')}, "
     text += f"loss after {before.get('steps', '?')} steps {_loss_text(before)} -> {_loss_text(after)}"

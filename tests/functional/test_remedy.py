@@ -31,10 +31,15 @@ def replay(end: list[float], steps: list[float] | None = None) -> Replay:
     return Replay(steps if steps is not None else [2.3] * 30, end)
 
 
-def test_registry_declares_the_remedies_of_this_slice() -> None:
+def test_registry_declares_the_remedies() -> None:
     kinds = {code: spec.remedy for code, spec in CODES.items() if spec.remedy != "none"}
     assert {c for c, k in kinds.items() if k == "lr_down"} == {
-        "curve.lr_too_high", "curve.diverging", "grad.exploding"}
+        "curve.lr_too_high", "curve.diverging"}
+    assert kinds["grad.exploding"] == "lr_down_clip"
+    assert {c for c, k in kinds.items() if k == "standardize_input"} == {
+        "data.unnormalized_input", "data.tiny_input_scale"}
+    assert kinds["wiring.grads_not_zeroed"] == "zero_grads"
+    assert kinds["wiring.params_not_in_optimizer"] == "add_params"
     assert {c for c, k in kinds.items() if k == "lr_up"} == {
         "curve.lr_too_low", "curve.not_learning", "grad.update_ratio"}
     assert kinds["numerics.precision_overflow"] == "float32_replay"
@@ -161,3 +166,32 @@ def test_remedy_lines() -> None:
     blew["after"] = {"lr": 0.5, "loss": 0.59, "finite": True, "steps": 13}
     assert remedy_line("curve.diverging", blew) == (
         "confirmed on a copy: lr 50 -> 0.5, loss after 13 steps non-finite (step 4) -> 0.59")
+
+
+def test_the_html_plots_the_replays_before_and_after() -> None:
+    run = broken_report()["run"]
+    f = Finding.create("data.unnormalized_input", "raw pixels", check="T", global_step=0)
+    block = {"kind": "standardize_input", "change": "the main input standardized per channel",
+             "before": {"loss": 2.3, "finite": True, "steps": 30, "loss_start": 2.3,
+                        "losses": [3.9, 10.1, *[2.31] * 28]},
+             "after": {"loss": 0.2, "finite": True, "steps": 30, "loss_start": 2.3,
+                       "losses": [2.3 - 0.07 * i for i in range(30)]},
+             "verdict": "confirmed", "reason": "numbers", "tried": ["standardized"]}
+    report = build_report([with_remedy(f, block)], status="completed", run=run)
+    validate_report(report)
+    assert remedy_line(f.code, block) == ("confirmed on a copy: the main input standardized per "
+                                          "channel, loss after 30 steps 2.3 -> 0.2")
+    page = render_html(report)
+    caption = "The lead&#39;s fix tried on a copy"
+    assert caption in page
+    figure = page[page.rindex("<figure", 0, page.index(caption)):page.index(caption)]
+    assert 'src="data:image/png;base64,' in figure
+    # without matplotlib's plots the numbers stand in as a table; a blown-up replay (None
+    # losses) and a hostile length are drawn within the plots' bounds
+    assert caption not in render_html(report, plots=False)
+    block["before"] = {**block["before"], "finite": False, "loss": None,
+                       "losses": [2.3, 40.0, None] + [None] * 100_000}
+    report = build_report([with_remedy(f, block)], status="completed", run=run)
+    assert caption in render_html(report)
+    # no remedy trial with replays: no plot
+    assert caption not in render_html(build_report([f], status="completed", run=run))

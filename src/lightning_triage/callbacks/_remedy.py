@@ -16,8 +16,9 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -27,15 +28,21 @@ from torch.nn.parameter import is_lazy
 
 from lightning_triage._compat import grad_scaler, is_overridden
 from lightning_triage.findings import Finding, explain_findings, sort_findings, start_here
+from lightning_triage.functional.batch import locate_batch
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.functional.remedy import (
     EXPERIMENT_KINDS,
+    LR_KINDS,
+    RemedyDecision,
     RemedyThresholds,
     Replay,
+    channel_stats,
     decide_remedy,
+    input_scale_symptom,
     next_candidate,
     remedy_kind,
     remedy_works,
+    standardize,
     symptom_reproduced,
     with_remedy,
 )
@@ -48,6 +55,7 @@ from lightning_triage.probing import (
     run_user_step,
     set_rng_state,
     step_loss,
+    user_code,
 )
 from lightning_triage.suspicions import settle_suspicions
 
@@ -102,7 +110,7 @@ def unavailable(trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | Non
         return "lazy parameters not initialized at the first batch: no starting state to keep"
     if grad_scaler(trainer) is not None:
         return "float16 mixed precision: the replay does not reproduce loss scaling"
-    for name in ("optimizer_step", "optimizer_zero_grad", "backward"):
+    for name in ("optimizer_step", "backward"):
         if is_overridden(name, pl_module):
             return f"the model overrides `{name}`: the replay runs Lightning's default one"
     if any(isinstance(m, nn.SyncBatchNorm) for m in pl_module.modules()) \
@@ -191,6 +199,21 @@ def _scale_lr(optimizer: torch.optim.Optimizer, schedulers: Sequence[Any], facto
                 setattr(sched, attr, [v * factor for v in values])
 
 
+@dataclass(frozen=True)
+class _Variant:
+    """One replay's change (nothing: the as-is replay)."""
+
+    label: str = "as is"
+    lr_factor: float = 1.0
+    clip: float | None = None  # a total-norm clip besides the run's own
+    transform: Callable[[Any], Any] | None = None  # applied to every recorded batch
+    zero_grads: bool = False  # zero before every backward instead of the model's hook
+    add_missing: bool = False  # the parameters no param group holds added to a new one
+
+
+_AS_IS = _Variant()
+
+
 class _Trial:
     """The copy, its optimizer and schedulers, and a way back to the fit's starting state."""
 
@@ -206,24 +229,43 @@ class _Trial:
         self.recorder = recorder
         self.deadline = deadline
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self.groups = len(optimizer.param_groups)
+        self.variant = _AS_IS
+        self.norms: list[float] = []  # total gradient norm of each optimizer step (pre-clip)
+        self.stale_steps = 0  # steps whose backward found gradients left from before
 
-    def reset(self, factor: float = 1.0) -> None:
+    def missing(self) -> list[nn.Parameter]:
+        """The copy's trainable parameters that are in none of its optimizer's param groups."""
+        held = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        return [p for p in self.model.parameters() if p.requires_grad and id(p) not in held]
+
+    def reset(self, variant: _Variant = _AS_IS) -> None:
         rec = self.recorder
         assert rec.model_state is not None
         assert rec.optimizer_state is not None
+        del self.optimizer.param_groups[self.groups:]  # a group added by a previous variant
         self.model.load_state_dict(rec.model_state)
         self.optimizer.load_state_dict(rec.optimizer_state)
         for sched, state in zip(self.schedulers, rec.scheduler_states, strict=False):
             sched.load_state_dict(copy.deepcopy(state))
-        if factor != 1.0:
-            _scale_lr(self.optimizer, self.schedulers, factor)
+        if variant.lr_factor != 1.0:
+            _scale_lr(self.optimizer, self.schedulers, variant.lr_factor)
+        if variant.add_missing:
+            missing = self.missing()
+            if missing:
+                hyper = {k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"}
+                self.optimizer.add_param_group({**hyper, "params": missing})
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
+        self.variant = variant
         if rec.rng is not None:
             set_rng_state(rec.rng)
 
     def _batch(self, i: int) -> Any:
-        return map_tensors(lambda t: t.to(self.device), self.recorder.batches[i])
+        batch = self.recorder.batches[i]
+        if self.variant.transform is not None:
+            batch = self.variant.transform(batch)
+        return map_tensors(lambda t: t.to(self.device), batch)
 
     def _loss(self, i: int) -> Tensor:
         loss = step_loss(run_user_step(self.trainer, self.model, self._batch(i)))
@@ -246,13 +288,27 @@ class _Trial:
         if time.perf_counter() > self.deadline:
             raise _OutOfTimeError
 
+    def _zero(self, i: int) -> None:
+        """Zero the gradients as the run does (the model's `optimizer_zero_grad` hook, Lightning's
+        default: `optimizer.zero_grad()`), or, for a ``zero_grads`` variant, ourselves; count a
+        step whose gradients survive it."""
+        if self.variant.zero_grads or not isinstance(self.model, pl.LightningModule):
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        with user_code():
+            self.model.optimizer_zero_grad(self.trainer.current_epoch, i, self.optimizer)
+        if i and any(p.grad is not None and bool(p.grad.any())
+                     for g in self.optimizer.param_groups for p in g["params"]):
+            self.stale_steps += 1
+
     def replay(self) -> Replay:
-        """Train on the recorded batches as the run did (accumulation, clipping, step-wise
-        schedulers); then measure."""
-        trainer, opt = self.trainer, self.optimizer
+        """Train on the recorded batches as the run did (accumulation, zeroing, clipping,
+        step-wise schedulers), with the variant's change; then measure."""
+        trainer, opt, variant = self.trainer, self.optimizer, self.variant
         accumulate = max(1, int(trainer.accumulate_grad_batches))
         clip = trainer.gradient_clip_val
         steps: list[float] = []
+        self.norms, self.stale_steps = [], 0
         n = len(self.recorder.batches)
         with torch.enable_grad():
             for i in range(n):
@@ -262,15 +318,21 @@ class _Trial:
                 steps.append(value)
                 if not math.isfinite(value):
                     return Replay(steps)
+                if i % accumulate == 0:  # Lightning zeroes before the window's first backward
+                    self._zero(i)
                 (loss / accumulate).backward()
                 if (i + 1) % accumulate and i + 1 < n:
                     continue
+                params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+                self.norms.append(float(torch.nn.utils.get_total_norm(
+                    [p.grad for p in params])) if params else 0.0)
                 if clip:
                     self.model.configure_gradient_clipping(
                         opt, gradient_clip_val=clip,
                         gradient_clip_algorithm=trainer.gradient_clip_algorithm)
+                if variant.clip is not None:
+                    torch.nn.utils.clip_grad_norm_(params, variant.clip)
                 opt.step()
-                opt.zero_grad(set_to_none=True)
                 for sched, interval in zip(self.schedulers, self.intervals, strict=False):
                     if interval == "step":
                         sched.step()
@@ -291,19 +353,97 @@ def _budget(recorder: RemedyRecorder) -> float:
     return min(TIME_CAP_S, max(TIME_FLOOR_S, TIME_SHARE * elapsed))
 
 
+#: What each replayed kind changes, in the report's words (before the numbers are known).
+CHANGES: dict[str, str] = {
+    "lr_down": "every param group's learning rate / 10",
+    "lr_up": "every param group's learning rate x 10",
+    "lr_down_clip": "every param group's learning rate / 10 and the gradients clipped at the "
+                    "median norm of the as-is replay",
+    "standardize_input": "the main input standardized per channel with the recorded batches' "
+                         "statistics",
+    "zero_grads": "the gradients zeroed before every backward",
+    "add_params": "the parameters no optimizer holds added to a param group (the first "
+                  "group's hyperparameters)",
+}
+
+
+def _inputs(batches: Sequence[Any]) -> list[Tensor]:
+    found = [locate_batch(b).inputs for b in batches]
+    return [x for x in found if x is not None and x.is_floating_point() and x.ndim >= 1]
+
+
+def _standardizer(batches: Sequence[Any]) -> tuple[Callable[[Any], Any], Tensor, Tensor]:
+    mean, std = channel_stats(_inputs(batches))
+
+    def transform(batch: Any) -> Any:
+        x = locate_batch(batch).inputs
+        return map_tensors(lambda t: standardize(t, mean, std) if t is x else t, batch)
+
+    return transform, mean, std
+
+
+def _median(values: Sequence[float]) -> float | None:
+    finite = sorted(v for v in values if math.isfinite(v) and v > 0)
+    return finite[len(finite) // 2] if finite else None
+
+
+@dataclass
+class _Plan:
+    """What a trial tries after the as-is replay, and whether that replay showed the symptom."""
+
+    symptom: tuple[bool, str]
+    variants: list[tuple[float | str, _Variant]]
+    change: str
+    clip: float | None = None
+
+
+def _plan(kind: str, trial: _Trial, start: Sequence[float], as_is: Replay,
+          missing: Sequence[nn.Parameter], th: RemedyThresholds) -> _Plan | str:
+    """The variants of ``kind`` and the symptom (a string: why the trial cannot run)."""
+    change = CHANGES[kind]
+    if kind in LR_KINDS:
+        down = kind != "lr_up"
+        clip = _median(trial.norms) if kind == "lr_down_clip" else None
+        if kind == "lr_down_clip" and clip is None:
+            return "the as-is replay saw no finite gradient norm to clip at"
+        variants = [(f, _Variant(f"/{f:g}" if down else f"x{f:g}", lr_factor=1 / f if down else f,
+                                 clip=clip)) for f in th.factors]
+        symptom = symptom_reproduced(kind, start, as_is, th)  # type: ignore[arg-type]
+        return _Plan(symptom, list(variants), change, clip)
+    if kind == "standardize_input":
+        transform, mean, std = _standardizer(trial.recorder.batches)
+        return _Plan(input_scale_symptom(_inputs(trial.recorder.batches)),
+                     [("standardized", _Variant("standardized", transform=transform))],
+                     f"{change} (mean {float(mean.mean()):.3g}, std {float(std.mean()):.3g} on "
+                     f"average over {mean.numel()} channel(s))")
+    if kind == "zero_grads":
+        steps = len(as_is.steps)
+        symptom = (True, f"the as-is replay kept the gradients of earlier steps in "
+                         f"{trial.stale_steps} of its {steps} steps") if trial.stale_steps else \
+            (False, "the as-is replay zeroed the gradients before every step")
+        return _Plan(symptom, [("zeroed", _Variant("zeroed", zero_grads=True))], change)
+    numel = sum(p.numel() for p in missing)  # add_params
+    symptom = (True, f"{len(missing)} trainable parameter tensor(s) ({numel} values) are in no "
+                     "param group, so the as-is replay never updates them") if missing else \
+        (False, "every trainable parameter is in a param group of the optimizer")
+    return _Plan(symptom, [("added", _Variant("added", add_missing=True))],
+                 f"{change}: {len(missing)} tensor(s), {numel} values")
+
+
 def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: RemedyRecorder,
               kind: str, thresholds: RemedyThresholds | None = None) -> dict[str, Any]:
-    """The ``remedy`` block of a learning-rate remedy (``kind`` ``"lr_down"``/``"lr_up"``)."""
+    """The ``remedy`` block of a replayed remedy (``kind`` one of :data:`EXPERIMENT_KINDS`)."""
     th = thresholds or RemedyThresholds()
-    verb = "/" if kind == "lr_down" else "x"
-    change = f"every param group's learning rate {verb} {th.factors[0]:g}"
-    block: dict[str, Any] = {"kind": kind, "change": change, "verdict": "skipped"}
+    block: dict[str, Any] = {"kind": kind, "change": CHANGES[kind], "verdict": "skipped"}
     if recorder.reason is not None:
         return {**block, "reason": recorder.reason}
     steps = len(recorder.batches)
     if recorder.model_state is None or steps < MIN_STEPS:
         return {**block, "reason": f"only {steps} training batch(es) recorded (at least "
                                    f"{MIN_STEPS} are needed)"}
+    if kind == "standardize_input" and len(_inputs(recorder.batches)) < steps:
+        return {**block, "reason": "the recorded batches have no float input tensor to "
+                                   "standardize (or it could not be told which one is the input)"}
     budget = _budget(recorder)
     started = time.perf_counter()
     recorder.trials += 1
@@ -317,40 +457,69 @@ def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Reme
             trial.reset()
             base = _lrs(trial.optimizer)
             start = trial.evaluate()
+            missing = trial.missing()
             trial.reset()
             as_is = trial.replay()
-            shown, _ = symptom_reproduced(kind, start, as_is, th)  # type: ignore[arg-type]
-            remedied: list[tuple[float, Replay]] = []
-            if shown:
-                for factor in th.factors:
-                    trial.reset(1 / factor if kind == "lr_down" else factor)
-                    remedied.append((factor, trial.replay()))
+            plan = _plan(kind, trial, start, as_is, missing, th)
+            if isinstance(plan, str):
+                return {**block, "reason": plan}
+            remedied: list[tuple[float | str, Replay]] = []
+            if plan.symptom[0]:
+                for key, variant in plan.variants:
+                    trial.reset(variant)
+                    remedied.append((key, trial.replay()))
                     if remedy_works(start, as_is, remedied[-1][1], th)[0]:
                         break
     except _OutOfTimeError:
         return {**block, "reason": f"ran out of its time budget of {budget:.0f} s"}
     finally:
         recorder.seconds += time.perf_counter() - started
-    decision = decide_remedy(kind, start, as_is, remedied, th)  # type: ignore[arg-type]
+    decision = decide_remedy(kind, start, as_is, remedied, th,  # type: ignore[arg-type]
+                             symptom=plan.symptom)
+    return _block(kind, plan, decision, base, start, as_is, remedied,
+                  round(time.perf_counter() - started, 3))
+
+
+def _block(kind: str, plan: _Plan, decision: RemedyDecision, base: Sequence[float],
+           start: Sequence[float], as_is: Replay, remedied: Sequence[tuple[float | str, Replay]],
+           seconds: float) -> dict[str, Any]:
+    """The report's ``remedy`` block of a trial that ran."""
     start_loss = sum(start) / len(start)
     used = decision.factor if decision.factor is not None else \
-        (remedied[-1][0] if remedied else th.factors[0])
-    scale = 1 / used if kind == "lr_down" else used
+        (remedied[-1][0] if remedied else plan.variants[0][0])
     after = next((r for f, r in remedied if f == used), None)
-    block = {
+    labels = {key: v.label for key, v in plan.variants}
+    lr_before = base[0] if base else None
+    lr_after, change = lr_before, plan.change
+    if kind in LR_KINDS and isinstance(used, float):
+        scale = 1 / used if kind != "lr_up" else used
+        lr_after = lr_before * scale if lr_before is not None else None
+        verb = "x" if kind == "lr_up" else "/"
+        change = (f"every param group's learning rate {verb} {used:g} (lr {_lr_text(base)} -> "
+                  f"{_lr_text([v * scale for v in base])})"
+                  + (f" and the gradients clipped at norm {plan.clip:.3g} (the median of the "
+                     "as-is replay)" if plan.clip is not None else ""))
+    block: dict[str, Any] = {
         "kind": kind,
-        "change": f"every param group's learning rate {verb} {used:g} (lr {_lr_text(base)} -> "
-                  f"{_lr_text([v * scale for v in base])})",
-        "before": {**as_is.summary(base[0] if base else None), "loss_start": start_loss},
+        "change": change,
+        "before": {**as_is.summary(lr_before), "loss_start": start_loss,
+                   "losses": _curve(as_is)},
         "verdict": decision.verdict,
         "reason": decision.reason,
-        "tried": [f"{verb}{f:g}" for f, _ in remedied],
-        "seconds": round(time.perf_counter() - started, 3),
+        "tried": [labels[f] for f, _ in remedied],
+        "seconds": seconds,
     }
     if after is not None:
-        block["after"] = {**after.summary(base[0] * scale if base else None),
-                          "loss_start": start_loss}
+        block["after"] = {**after.summary(lr_after), "loss_start": start_loss,
+                          "losses": _curve(after)}
+        if plan.clip is not None:
+            block["after"]["clip"] = plan.clip
     return block
+
+
+def _curve(replay: Replay) -> list[float | None]:
+    """The replay's per-step training losses for the report's plot (``None``: non-finite)."""
+    return [round(v, 6) if math.isfinite(v) else None for v in replay.steps]
 
 
 def float32_block(finding: Finding) -> dict[str, Any]:
@@ -405,7 +574,7 @@ def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Re
         except Exception as exc:  # the user's code failed in the replay: the run is unaffected
             if strict:
                 raise
-            block = {"kind": kind, "change": "every param group's learning rate scaled",
+            block = {"kind": kind, "change": CHANGES[kind],
                      "verdict": "skipped",
                      "reason": f"the replay raised {type(exc).__name__}: {exc}"[:500]}
     else:

@@ -32,13 +32,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import torch
+from torch import Tensor
+
 from lightning_triage.findings import CODES, Finding, RemedyKind, start_here
 
 RemedyVerdict = Literal["confirmed", "not confirmed", "inconclusive", "skipped"]
 REMEDY_VERDICTS: tuple[RemedyVerdict, ...] = ("confirmed", "not confirmed", "inconclusive",
                                               "skipped")
-#: The kinds that run an experiment (a learning-rate change replayed on a copy).
-EXPERIMENT_KINDS: frozenset[str] = frozenset({"lr_down", "lr_up"})
+#: The kinds that run an experiment (the recorded steps replayed on a copy, as they are and
+#: with the change).
+EXPERIMENT_KINDS: frozenset[str] = frozenset({"lr_down", "lr_up", "lr_down_clip",
+                                              "standardize_input", "zero_grads", "add_params"})
+#: The kinds whose symptom is the cause itself, observed on the copy (gradients left from an
+#: earlier step, parameters no optimizer holds): a replay whose loss does not end lower in the
+#: short window does not refute them (the verdict is ``"inconclusive"``, never ``"not
+#: confirmed"``). Gradients never zeroed act as momentum without decay: with plain SGD or Adam
+#: the first steps can be *faster* than with zeroing, and the harm comes later.
+DIRECT_KINDS: frozenset[str] = frozenset({"zero_grads", "add_params"})
+#: The kinds whose change is a learning-rate factor (tried 10, 100, 1000).
+LR_KINDS: frozenset[str] = frozenset({"lr_down", "lr_up", "lr_down_clip"})
 
 
 @dataclass(frozen=True)
@@ -107,14 +120,15 @@ class RemedyDecision:
     Attributes:
         verdict: ``"confirmed"``, ``"not confirmed"`` or ``"inconclusive"``.
         reason: why, with the numbers.
-        factor: the factor that worked (``None`` unless confirmed).
-        tried: the factors tried, in order.
+        factor: the factor (or the label of the change) that worked (``None`` unless
+            confirmed).
+        tried: the factors or labels tried, in order.
     """
 
     verdict: RemedyVerdict
     reason: str
-    factor: float | None = None
-    tried: tuple[float, ...] = ()
+    factor: float | str | None = None
+    tried: tuple[float | str, ...] = ()
 
 
 def remedy_kind(finding: Finding) -> RemedyKind:
@@ -158,14 +172,15 @@ def symptom_reproduced(kind: RemedyKind, start: Sequence[float], as_is: Replay,
     """
     th = thresholds or RemedyThresholds()
     s = _mean(start)
+    down = kind in ("lr_down", "lr_down_clip")
     if not as_is.finite:
-        if kind == "lr_down":
+        if down:
             return True, "the as-is replay went non-finite"
         return False, "the as-is replay went non-finite (not a slow loss)"
     end = as_is.end_loss
     progress = (s - end) / abs(s) if s else 0.0
     peak = max(as_is.steps, default=s)
-    if kind == "lr_down" and s > 0 and peak > th.rise_ratio * s:
+    if down and s > 0 and peak > th.rise_ratio * s:
         return True, f"the as-is replay's loss rose to {_fmt(peak)} ({peak / s:.2f}x the start)"
     if progress < th.low_progress:
         return True, (f"the as-is replay made no real progress (loss {_fmt(s)} -> {_fmt(end)}, "
@@ -213,16 +228,20 @@ def remedy_works(start: Sequence[float], as_is: Replay, remedied: Replay,
 
 
 def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
-                  remedied: Sequence[tuple[float, Replay]],
-                  thresholds: RemedyThresholds | None = None) -> RemedyDecision:
-    """The verdict of a learning-rate remedy over the replays.
+                  remedied: Sequence[tuple[float | str, Replay]],
+                  thresholds: RemedyThresholds | None = None,
+                  symptom: tuple[bool, str] | None = None) -> RemedyDecision:
+    """The verdict of a remedy over the replays.
 
     Args:
-        kind: ``"lr_down"`` or ``"lr_up"``.
+        kind: the remedy kind (:data:`EXPERIMENT_KINDS`).
         start: the per-batch losses of the starting state on the evaluation batches.
         as_is: the replay with the run's own settings.
-        remedied: ``(factor, replay)`` for each remedy tried, in order.
+        remedied: ``(factor or label, replay)`` for each remedy tried, in order.
         thresholds: the margins.
+        symptom: whether the as-is replay showed the symptom, and what it showed, when the
+            caller observed it on the copy (stale gradients, parameters no optimizer holds,
+            inputs far from standardized); by default :func:`symptom_reproduced` over the losses.
 
     Example:
         >>> blew_up = Replay([2.3, 40.0, float("inf")])
@@ -233,7 +252,7 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
         'inconclusive'
     """
     th = thresholds or RemedyThresholds()
-    shown, what = symptom_reproduced(kind, start, as_is, th)
+    shown, what = symptom if symptom is not None else symptom_reproduced(kind, start, as_is, th)
     tried = tuple(f for f, _ in remedied)
     if not shown:
         return RemedyDecision("inconclusive", f"{what}: the symptom did not reproduce on the "
@@ -242,16 +261,23 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
     for factor, replay in remedied:
         ok, why = remedy_works(start, as_is, replay, th)
         if ok:
-            return RemedyDecision("confirmed", f"{what}; with the remedy (x{_factor(kind, factor)}) "
+            return RemedyDecision("confirmed", f"{what}; with the remedy ({_factor(kind, factor)}) "
                                   f"{why}", factor, tried)
-        reasons.append(f"x{_factor(kind, factor)}: {why}")
+        reasons.append(f"{_factor(kind, factor)}: {why}")
     if not remedied:
         return RemedyDecision("inconclusive", f"{what}; no remedied replay ran", None, tried)
+    if kind in DIRECT_KINDS:
+        return RemedyDecision("inconclusive", f"{what}; " + "; ".join(reasons) + ". The finding "
+                              "is a fact observed on the copy, not a reading of the curve: a "
+                              f"replay of {len(as_is.steps)} steps that does not end lower does "
+                              "not refute it", None, tried)
     return RemedyDecision("not confirmed", f"{what}; " + "; ".join(reasons), None, tried)
 
 
-def _factor(kind: RemedyKind, factor: float) -> str:
-    return f"1/{factor:g}" if kind == "lr_down" else f"{factor:g}"
+def _factor(kind: RemedyKind, factor: float | str) -> str:
+    if isinstance(factor, str):
+        return factor
+    return f"x1/{factor:g}" if kind in ("lr_down", "lr_down_clip") else f"x{factor:g}"
 
 
 def next_candidate(findings: Sequence[Finding], challenged: Finding) -> str | None:
@@ -273,22 +299,89 @@ def next_candidate(findings: Sequence[Finding], challenged: Finding) -> str | No
     return start_here(rest)
 
 
+def channel_stats(inputs: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """The mean and standard deviation of each channel (dim 1; the one feature of a 1-D input)
+    over the recorded inputs, shaped to broadcast against one of them. A channel that never
+    varies gets a standard deviation of 1 (it is only centered).
+
+    Example:
+        >>> x = torch.tensor([[0.0, 16.0, 3.0], [0.0, 8.0, 3.0]])
+        >>> mean, std = channel_stats([x, x])
+        >>> mean.tolist(), [round(v, 3) for v in std.flatten().tolist()]
+        ([[0.0, 12.0, 3.0]], [1.0, 4.619, 1.0])
+    """
+    first = inputs[0]
+    dims = [d for d in range(first.ndim) if d != 1] if first.ndim >= 2 else [0]
+    total = total_sq = None
+    count = 0
+    for x in inputs:
+        x = x.detach().double()
+        n = x.numel() // (x.shape[1] if x.ndim >= 2 else 1)
+        part, part_sq = x.sum(dim=dims, keepdim=True), (x * x).sum(dim=dims, keepdim=True)
+        total = part if total is None else total + part
+        total_sq = part_sq if total_sq is None else total_sq + part_sq
+        count += n
+    assert total is not None
+    assert total_sq is not None
+    mean = total / count
+    var = (total_sq / count - mean * mean).clamp(min=0) * count / max(1, count - 1)
+    std = var.sqrt()
+    std = torch.where(std > 1e-12 * (1 + mean.abs()), std, torch.ones_like(std))
+    return mean.to(first.dtype), std.to(first.dtype)
+
+
+def standardize(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+    """``x`` standardized with :func:`channel_stats`' statistics (on ``x``'s device)."""
+    return (x - mean.to(x.device)) / std.to(x.device)
+
+
+def input_scale_symptom(inputs: Sequence[Tensor]) -> tuple[bool, str]:
+    """Whether the recorded inputs are far from standardized (the data stage's rules:
+    ``data.unnormalized_input``'s rms above 4 or tiny values, ``data.tiny_input_scale``'s
+    non-negative intensities below 0.1), and what they are.
+
+    Example:
+        >>> input_scale_symptom([torch.arange(17.0).repeat(4, 1)])[0]
+        True
+        >>> input_scale_symptom([torch.randn(8, 4, generator=torch.Generator().manual_seed(0))])
+        (False, 'the recorded inputs are near unit scale (rms 1.01)')
+    """
+    from lightning_triage.functional.data.inputs import (
+        far_below_unit_scale,
+        scale_verdict,
+        summarize_tensor,
+    )
+
+    summary = summarize_tensor(torch.cat([x.detach().reshape(x.shape[0], -1).double()
+                                          for x in inputs]).to(inputs[0].dtype))
+    rms = summary.rms if summary.rms is not None else math.nan
+    if scale_verdict(summary) is not None or far_below_unit_scale(summary):
+        return True, (f"the recorded inputs are far from standardized (rms {rms:.3g}, range "
+                      f"{summary.min:.3g} to {summary.max:.3g})")
+    return False, f"the recorded inputs are near unit scale (rms {rms:.3g})"
+
+
 def with_remedy(finding: Finding, block: dict[str, Any]) -> Finding:
     """``finding`` carrying ``block`` (its message unchanged)."""
     return replace(finding, remedy=dict(block))
 
 
 __all__ = [
+    "DIRECT_KINDS",
     "EXPERIMENT_KINDS",
+    "LR_KINDS",
     "REMEDY_VERDICTS",
     "RemedyDecision",
     "RemedyThresholds",
     "RemedyVerdict",
     "Replay",
+    "channel_stats",
     "decide_remedy",
+    "input_scale_symptom",
     "next_candidate",
     "remedy_kind",
     "remedy_works",
+    "standardize",
     "symptom_reproduced",
     "with_remedy",
 ]
