@@ -259,3 +259,12 @@ def set_metric_state(metric: Any, state: dict[str, Any]) -> None:
     as torchmetrics' own ``_reduce_states``)."""
     for key, value in state.items():
         object.__setattr__(metric, key, value)
+
+
+def forget_lightning_compile(module: Any) -> None:
+    """Drop Lightning's record of a compile (``_compiler_ctx``, set when a LightningModule is
+    passed to ``fit`` compiled) from ``module``: a probe's copy whose compiled methods were
+    rebound to its own eager ones is not compiled."""
+    if isinstance(vars(module).get("_compiler_ctx"), dict):
+        module.__dict__["_compiler_ctx"] = None
+

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_triage._compat import forget_lightning_compile
 from lightning_triage.functional.compiled import DYNAMO_WRAPPED, holds_compiled
 
 
@@ -68,8 +69,7 @@ def rebind_compiled(twin: nn.Module, memo: dict[int, Any]) -> None:
             owner = getattr(inner, "__self__", None)
             if isinstance(inner, types.MethodType) and id(owner) in memo:
                 sub.__dict__[name] = types.MethodType(inner.__func__, memo[id(owner)])
-        if isinstance(vars(sub).get("_compiler_ctx"), dict):  # Lightning's record of the compile
-            sub.__dict__["_compiler_ctx"] = None
+        forget_lightning_compile(sub)
 
 
 @contextmanager
