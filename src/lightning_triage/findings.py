@@ -649,9 +649,3 @@ def sort_findings(findings: Sequence[Finding]) -> list[Finding]:
 
     return sorted(findings, key=key)
 
-
-# Cause before symptom lives in its own module (which imports this one): re-exported here.
-from lightning_triage.explain import MODEST_INPUT as MODEST_INPUT  # noqa: E402
-from lightning_triage.explain import SPIKE_WINDOW as SPIKE_WINDOW  # noqa: E402
-from lightning_triage.explain import explain_findings as explain_findings  # noqa: E402
-from lightning_triage.explain import start_here as start_here  # noqa: E402

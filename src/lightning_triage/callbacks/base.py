@@ -24,8 +24,8 @@ from typing_extensions import override
 from lightning_triage.callbacks._args import check_bool, state_key_of
 from lightning_triage.findings import Finding, Severity
 from lightning_triage.functional.verdict import Verdict
+from lightning_triage.ranking import SUSPICIONS
 from lightning_triage.report_safe import safe_str
-from lightning_triage.suspicions import SUSPICIONS
 
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
 #: A check whose detail starts with this did not do its work (the rest says why): its status is

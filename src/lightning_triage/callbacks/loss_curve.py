@@ -73,7 +73,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     the window for the overfitting rule and validation ran less often than once per epoch.
     ``curve.overfitting`` is not reported under ``Trainer(overfit_batches=...)``; its evidence
     names the user's ``EarlyStopping``/``ModelCheckpoint`` on the validation loss
-    (``handled_by``), which make it info (see :mod:`lightning_triage.suspicions`).
+    (``handled_by``), which make it info (see :mod:`lightning_triage.ranking`).
 
     Args:
         task: ``"auto"`` (infer from the first batch), ``"multiclass"``, ``"binary"``,

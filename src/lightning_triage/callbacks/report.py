@@ -25,6 +25,7 @@ from lightning_triage.callbacks._args import check_bool, check_choice, fail
 from lightning_triage.callbacks._remedy import RemedyRecorder, verify_lead
 from lightning_triage.callbacks.base import TriageCallback, collect_checks
 from lightning_triage.findings import SEVERITIES, Finding, _jsonable
+from lightning_triage.ranking import settle_suspicions
 from lightning_triage.report import (
     FailOn,
     ReportStatus,
@@ -36,7 +37,6 @@ from lightning_triage.report import (
     write_report,
 )
 from lightning_triage.report_safe import describe
-from lightning_triage.suspicions import settle_suspicions
 
 _FAIL_ON = (None, *SEVERITIES)
 

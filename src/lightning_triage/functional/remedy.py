@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from lightning_triage.findings import CODES, Finding, RemedyKind, start_here
+from lightning_triage.findings import CODES, Finding, RemedyKind
+from lightning_triage.ranking import start_here
 
 RemedyVerdict = Literal["confirmed", "not confirmed", "inconclusive", "skipped"]
 REMEDY_VERDICTS: tuple[RemedyVerdict, ...] = ("confirmed", "not confirmed", "inconclusive",
