@@ -11,7 +11,14 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int, check_number
+from lightning_triage.callbacks._args import (
+    BundleArg,
+    check_batch_key,
+    check_bool,
+    check_int,
+    check_number,
+    passes,
+)
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, BatchLayout, locate_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, infer_task
@@ -96,6 +103,9 @@ class BatchInspector(TriageCallback):
         "data.target_out_of_range", "data.class_imbalance", "data.repeated_batch",
         "data.duplicate_samples", "data.train_val_overlap", "data.train_val_shift",
         "data.label_misalignment", "data.unknown_batch_structure")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
+        "num_classes", "input_key", "target_key")
 
     state_key_args = ("input_key", "target_key")
 

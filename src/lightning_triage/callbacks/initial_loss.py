@@ -12,7 +12,15 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage._compat import fp16_amp
-from lightning_triage.callbacks._args import arg, check_batch_key, check_choice, check_int, check_number
+from lightning_triage.callbacks._args import (
+    BundleArg,
+    arg,
+    check_batch_key,
+    check_choice,
+    check_int,
+    check_number,
+    passes,
+)
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.errors import TriageConfigError
 from lightning_triage.functional.adapters import uses_adapters
@@ -94,6 +102,9 @@ class InitialLossCheck(TriageCallback):
     stage: ClassVar[str] = "init"
     codes: ClassVar[tuple[str, ...]] = ("init.loss_above_chance", "init.loss_below_chance",
         "init.chance_unknown")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
+        "task", "num_classes", "input_key", "target_key")
 
     state_key_args = ("task", "num_classes", "input_key", "target_key")
 

@@ -15,7 +15,15 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage._compat import StepCounter, is_overridden, step_counter
-from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int, fail
+from lightning_triage.callbacks._args import (
+    BundleArg,
+    bundle_window_cap,
+    check_batch_key,
+    check_bool,
+    check_int,
+    fail,
+    passes,
+)
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
     handled_by,
@@ -113,6 +121,11 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     codes: ClassVar[tuple[str, ...]] = ("curve.not_learning", "curve.lr_too_low", "curve.lr_too_high",
         "curve.diverging", "curve.plateau_at_chance", "curve.loss_spike", "curve.overfitting",
         "curve.healthy", "curve.no_validation", "curve.sparse_validation")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = {
+        **passes("task", "num_classes", "input_key", "target_key", "window_epochs",
+                 "window_steps", "watch"),
+        "max_window_steps": bundle_window_cap}
 
     state_key_args = ("task", "num_classes", "window_epochs", "window_steps", "val_key")
 

@@ -23,7 +23,7 @@ from lightning_triage._compat import (
     train_step_context,
     training_step_args,
 )
-from lightning_triage.callbacks._args import check_batch_key, check_int, check_number
+from lightning_triage.callbacks._args import BundleArg, check_batch_key, check_int, check_number, passes
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.callbacks.gradient_wiring import sharded_strategy
 from lightning_triage.callbacks.initial_loss import validate_task
@@ -137,6 +137,12 @@ def _note_params(run: ProbeRun, params: list[tuple[str, nn.Parameter]],
     return trainable
 
 
+def _bundle_min_steps(args: Mapping[str, Any]) -> int:
+    """``min_steps`` in the ``Triage`` bundle: 30, or all of ``overfit_max_steps`` when fewer."""
+    steps = args["overfit_max_steps"]
+    return min(30, steps) if isinstance(steps, int) else 30
+
+
 class OverfitBatchCheck(TriageCallback):
     """Train on a few examples of the first batch alone: a healthy setup memorizes them.
 
@@ -201,6 +207,12 @@ class OverfitBatchCheck(TriageCallback):
     stage: ClassVar[str] = "overfit"
     codes: ClassVar[tuple[str, ...]] = ("overfit.failed", "overfit.loss_on_probabilities",
         "overfit.passed", "overfit.inconclusive", "overfit.skipped")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = {
+        "batch_size": "overfit_batch_size", "max_steps": "overfit_max_steps",
+        "time_budget": "overfit_time_budget", "min_steps": _bundle_min_steps,
+        **passes("task", "num_classes", "input_key", "target_key")}
+    bundle_switch: ClassVar[str | None] = "overfit"
 
     state_key_args = ("batch_size", "task", "num_classes", "input_key", "target_key")
 

@@ -13,7 +13,14 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_batch_key, check_callable, check_int, check_number
+from lightning_triage.callbacks._args import (
+    BundleArg,
+    check_batch_key,
+    check_callable,
+    check_int,
+    check_number,
+    passes,
+)
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
 from lightning_triage.callbacks.base import guarded
 from lightning_triage.functional import structure_rules as rules
@@ -92,6 +99,9 @@ class PaddingProbe(ProbeCallback):
 
     stage: ClassVar[str] = "structure"
     codes: ClassVar[tuple[str, ...]] = ("structure.padding_leak",)
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
+        "padding_mask_key", "forward_fn", "input_key", "target_key")
     shared_codes: ClassVar[tuple[str, ...]] = ("structure.probe_skipped",)
 
     state_key_args = ("padding_mask_key", "input_key", "target_key")
