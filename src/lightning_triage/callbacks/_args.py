@@ -133,6 +133,21 @@ def check_batch_key(name: str, value: Any) -> None:
                                 "or None")
 
 
+def check_batch_keys(**keys: Any) -> None:
+    """Each argument (name=value) names a batch entry (:func:`check_batch_key`): the one check of
+    the ``input_key``/``target_key`` arguments (and the like) the constructors share.
+
+    Example:
+        >>> check_batch_keys(input_key="x", target_key=1)
+        >>> check_batch_keys(target_key=2.5)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lightning_triage.errors.TriageConfigError: `target_key` must be a key ... or None, got 2.5.
+    """
+    for name, value in keys.items():
+        check_batch_key(name, value)
+
+
 def check_callable(name: str, value: Any, signature: str) -> None:
     """``value`` is a callable (described by ``signature``) or None."""
     if value is not None and not callable(value):

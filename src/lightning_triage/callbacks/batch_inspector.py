@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from lightning_triage.callbacks._args import (
     BundleArg,
-    check_batch_key,
+    check_batch_keys,
     check_bool,
     check_int,
     check_number,
@@ -131,8 +131,7 @@ class BatchInspector(TriageCallback):
         check_int("max_fingerprints", max_fingerprints, 1)
         check_int("num_classes", num_classes, 2, optional=True)
         check_int("ignore_index", ignore_index)
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         check_number("max_rms", max_rms, 1)
         check_number("duplicate_fraction", duplicate_fraction, 0, 1, high_open=False)
         check_bool("probe", probe)

@@ -18,7 +18,7 @@ from lightning_triage._compat import StepCounter, is_overridden, step_counter
 from lightning_triage.callbacks._args import (
     BundleArg,
     bundle_window_cap,
-    check_batch_key,
+    check_batch_keys,
     check_bool,
     check_int,
     fail,
@@ -32,9 +32,9 @@ from lightning_triage.callbacks._monitor import (
     scalar,
     validate_window,
 )
+from lightning_triage.callbacks._shared import validate_task
 from lightning_triage.callbacks._step import RowBuffer, StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.callbacks.initial_loss import validate_task
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import (
     IGNORE_INDEX,
@@ -150,8 +150,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         validate_task(task, num_classes)
         validate_window(window_epochs, window_steps, max_window_steps, flush_every_n_steps, max_points)
         check_int("ignore_index", ignore_index)
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         check_bool("watch", watch)
         if val_key is not None and not isinstance(val_key, str):
             raise fail("val_key", val_key, "a metric name or None")

@@ -16,7 +16,7 @@ from typing_extensions import override
 from lightning_triage._compat import StepCounter, grad_scaler, step_counter
 from lightning_triage.callbacks._args import (
     BundleArg,
-    check_batch_key,
+    check_batch_keys,
     check_bool,
     check_choice,
     check_int,
@@ -156,8 +156,7 @@ class NonFiniteTracer(TriageCallback):
         check_int("near_overflow_every_n_steps", near_overflow_every_n_steps, 1, optional=True)
         check_number("near_overflow_ratio", near_overflow_ratio, 0, 1)
         check_int("max_localized", max_localized, 0)
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         self.on_nonfinite = on_nonfinite
         self.mode = mode
         self.check_every_n_steps = check_every_n_steps

@@ -23,10 +23,9 @@ from lightning_triage._compat import (
     train_step_context,
     training_step_args,
 )
-from lightning_triage.callbacks._args import BundleArg, check_batch_key, check_int, check_number, passes
+from lightning_triage.callbacks._args import BundleArg, check_batch_keys, check_int, check_number, passes
+from lightning_triage.callbacks._shared import sharded_strategy, validate_task
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.callbacks.gradient_wiring import sharded_strategy
-from lightning_triage.callbacks.initial_loss import validate_task
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, Task
 from lightning_triage.functional.hooks import capture_last_output
@@ -237,8 +236,7 @@ class OverfitBatchCheck(TriageCallback):
         check_number("time_budget", time_budget, 0, unit="seconds")
         check_number("tolerance", tolerance, 0, 1)
         check_int("min_steps", min_steps, 1, max_steps)
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         self.batch_size = batch_size
         self.max_steps = max_steps
         self.time_budget = float(time_budget)

@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from lightning_triage.callbacks._args import (
     BundleArg,
-    check_batch_key,
+    check_batch_keys,
     check_callable,
     check_int,
     check_number,
@@ -119,9 +119,8 @@ class PaddingProbe(ProbeCallback):
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        for name, key in (("padding_mask_key", padding_mask_key), ("input_key", input_key),
-                          ("target_key", target_key)):
-            check_batch_key(name, key)
+        check_batch_keys(padding_mask_key=padding_mask_key, input_key=input_key,
+                         target_key=target_key)
         check_callable("forward_fn", forward_fn, "(pl_module, batch) -> output")
         check_int("max_examples", max_examples, 1)
         check_number("tolerance", tolerance, 0, 1)

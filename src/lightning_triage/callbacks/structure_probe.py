@@ -17,7 +17,7 @@ from typing_extensions import override
 
 from lightning_triage.callbacks._args import (
     BundleArg,
-    check_batch_key,
+    check_batch_keys,
     check_callable,
     check_causal,
     check_int,
@@ -161,8 +161,7 @@ class StructureProbe(ProbeCallback):
         super().__init__(strict=strict)
         check_causal(causal)
         check_callable("forward_fn", forward_fn, "(pl_module, batch) -> output")
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         check_int("max_examples", max_examples, 2)
         check_number("tolerance", tolerance, 0, 1)
         check_number("time_budget", time_budget, 0, unit="seconds")

@@ -13,10 +13,10 @@ from typing_extensions import override
 from lightning_triage._compat import skip_hook, unskip_hooks
 from lightning_triage.callbacks._args import aliases, check_bool
 from lightning_triage.callbacks._checks import CHECKS
+from lightning_triage.callbacks._shared import validate_task
 from lightning_triage.callbacks._step import StepState
 from lightning_triage.callbacks.base import TriageCallback
 from lightning_triage.callbacks.gradient_monitor import OnSpike
-from lightning_triage.callbacks.initial_loss import validate_task
 from lightning_triage.callbacks.nonfinite_tracer import Mode, OnNonFinite
 from lightning_triage.callbacks.report import TriageReport
 from lightning_triage.callbacks.structure_probe import ForwardFn
