@@ -58,8 +58,8 @@ class BatchInspector(TriageCallback):
     Findings: ``data.nonfinite_input``, ``data.nonfinite_target``, ``data.unnormalized_input``,
     ``data.constant_input``, ``data.target_out_of_range``, ``data.class_imbalance``,
     ``data.repeated_batch``, ``data.duplicate_samples``, ``data.train_val_overlap``,
-    ``data.train_val_shift``, ``data.label_misalignment`` and ``data.unknown_batch_structure``
-    (info). See ``docs/data.md`` for thresholds.
+    ``data.train_val_shift``, ``data.label_misalignment``, ``data.tiny_input_scale`` and
+    ``data.unknown_batch_structure`` (info). See ``docs/data.md`` for thresholds.
 
     After fit, :attr:`sample` holds a small JSON-able picture of the first training batch and
     :attr:`batch_stats` the per-tensor statistics of the inspected batches.

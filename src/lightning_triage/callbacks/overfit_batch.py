@@ -172,8 +172,9 @@ class OverfitBatchCheck(TriageCallback):
     Findings: ``overfit.passed`` (info), ``overfit.failed`` (with the curve's numbers and the
     likely cause: loss not connected, broken gradient path, frozen layers, parameters missing
     from the optimizer, a loss bounded away from zero such as cross-entropy on
-    probabilities, a non-finite or rising loss), ``overfit.inconclusive`` and
-    ``overfit.skipped`` (info).
+    probabilities, a non-finite or rising loss), ``overfit.loss_on_probabilities`` (the loss
+    applies log-softmax to outputs that are already probabilities), ``overfit.inconclusive``
+    and ``overfit.skipped`` (info).
 
     Args:
         batch_size: examples to memorize (the first ones of the first batch).

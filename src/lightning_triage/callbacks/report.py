@@ -188,7 +188,8 @@ class TriageReport(Callback):
     Under DDP the findings of every rank are gathered and rank 0 writes the files (on a crash,
     without collectives: the crashing rank's findings only).
 
-    Findings reach the trainer's loggers as they happen (``log_findings``): every logger gets
+    Its own finding: ``run.unseeded`` (info: no ``seed_everything`` call was seen before the
+    fit). Findings reach the trainer's loggers as they happen (``log_findings``): every logger gets
     the running counts ``triage/findings_error``, ``triage/findings_warning`` and
     ``triage/findings_info`` through ``log_metrics`` at the finding's step, and a
     ``TensorBoardLogger`` also gets the finding as text (tag ``triage/findings``); at the end
