@@ -43,3 +43,21 @@ def test_no_module_is_past_the_size_limit() -> None:
     over = {name: n for name, n in sizes.items() if n > MAX_CODE_LINES}
     assert over == {}, (f"split these modules along their seams (limit {MAX_CODE_LINES} code "
                         f"lines, docs/design.md): {over}")
+
+
+def test_no_callback_imports_from_a_sibling_callback() -> None:
+    """Helpers the callbacks share live in private modules (`callbacks/_shared.py`, `_args.py`,
+    `base.py`...); only the bundle, the package's `__init__` and the list of checks import the
+    checks' own modules."""
+    callbacks = SRC / "callbacks"
+    public = {p.stem for p in callbacks.glob("*.py") if not p.stem.startswith("_")} - {"base"}
+    found = []
+    for path in sorted(callbacks.glob("*.py")):
+        if path.stem in ("triage", "__init__", "_checks"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module \
+                    and node.module.startswith("lightning_triage.callbacks.") \
+                    and node.module.rsplit(".", 1)[1] in public:
+                found.append((path.name, node.module))
+    assert found == []
