@@ -36,7 +36,8 @@ read: `functional.data.rules`, `functional.structure_rules`, `functional.overfit
 `functional.numerics`, `functional.curve`, `functional.gradients`.
 """
 
-REPORT_EXTRA = ["lightning_triage.findings.sort_findings", "lightning_triage.findings.start_here",
+REPORT_EXTRA = ["lightning_triage.findings.sort_findings", "lightning_triage.ranking.rank",
+                "lightning_triage.ranking.start_here",
                 "lightning_triage.report.REPORT_SCHEMA", "lightning_triage.report.build_report",
                 "lightning_triage.report.write_report", "lightning_triage.report.print_report",
                 "lightning_triage.report.render_markdown", "lightning_triage.report.load_report",

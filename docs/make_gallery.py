@@ -6,8 +6,9 @@ purpose; the first message seen for each finding code is written to the page, ve
 times left out, so that a rerun changes only what changed).
 
 ``--only CODE`` (repeatable) updates those codes' entries alone and keeps every other entry as
-it is: it reruns the scenario each entry names (every scenario for a code without an entry). A
-code no run produces is listed under "Codes without a recorded example".
+it is: it reruns the scenario each entry names; for a new code (no entry yet), the scenarios no
+entry names yet, that is the one you added to :data:`SCENARIOS` for it (every scenario when none
+is new). A code no run produces is listed under "Codes without a recorded example".
 """
 
 from __future__ import annotations
@@ -546,17 +547,29 @@ def page(entries: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _named_story(entry_text: str, stories: list[str]) -> str | None:
+    """The scenario story an entry's "run:" line names (the longest that matches), or None."""
+    run_line = re.search(r"— run: (.*)", entry_text)
+    named = [s for s in stories if run_line and run_line.group(1).startswith(s)]
+    return max(named, key=len) if named else None
+
+
 def scenarios_for(codes: list[str], entries: dict[str, str]) -> list[Scenario]:
-    """The scenarios whose runs the entries of ``codes`` name (all of them for a code without
-    an entry)."""
+    """The scenarios to rerun for ``codes``: the one each code's entry names; for a code without
+    an entry (a new code), the scenarios no entry of the page names yet (the one just added for
+    it), or every scenario when each is already named."""
     stories = [sc[0] for sc in SCENARIOS]
     wanted: set[str] = set()
     for code in codes:
-        run_line = re.search(r"— run: (.*)", entries.get(code, ""))
-        named = [s for s in stories if run_line and run_line.group(1).startswith(s)]
-        if not named:
-            return list(SCENARIOS)
-        wanted.add(max(named, key=len))
+        story = _named_story(entries.get(code, ""), stories)
+        if story is None:
+            recorded = {_named_story(e, stories) for e in entries.values()}
+            fresh = [s for s in stories if s not in recorded]
+            if not fresh:
+                return list(SCENARIOS)
+            wanted.update(fresh)
+        else:
+            wanted.add(story)
     return [sc for sc in SCENARIOS if sc[0] in wanted]
 
 

@@ -447,3 +447,30 @@ def test_no_lightning_internals_outside_compat() -> None:
         f"(add a named function there): {unexpected}")
     stale = ALLOWED - set(found)
     assert not stale, f"replaced: remove from ALLOWED in {Path(__file__).name}: {sorted(stale)}"
+
+
+# ---------------------------------------------------------------- torch's privates
+def test_foreach_norms_is_the_one_call_of_torchs_fused_norm(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning_triage import _torch_compat
+    from lightning_triage._torch_compat import foreach_norms
+
+    callers = sorted(path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py")
+                     if path.name != "_torch_compat.py" and any(
+                         isinstance(node, ast.Attribute) and node.attr == "_foreach_norm"
+                         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
+    assert callers == []
+    tensors = [torch.tensor([3.0, -4.0]), torch.ones(4, dtype=torch.float16), torch.zeros(0)]
+    calls: list[int] = []
+    fused = torch._foreach_norm
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counted)
+    fast = foreach_norms(tensors, 2, dtype=torch.float32)
+    assert calls == [1]  # the fast path on the pinned torch
+    monkeypatch.delattr(torch, "_foreach_norm")
+    slow = foreach_norms(tensors, 2, dtype=torch.float32)
+    assert [float(n) for n in fast] == [float(n) for n in slow] == [5.0, 2.0, 0.0]
+    assert [float(n) for n in _torch_compat.foreach_norms(tensors[:1], float("inf"))] == [4.0]

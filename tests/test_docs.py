@@ -378,3 +378,32 @@ def test_make_demo_writes_where_the_samples_say() -> None:
     samples = _load("make_samples")
     recipe = (ROOT / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
     assert f"-m lightning_triage demo --report-root {samples.REPORT_ROOT}" in recipe
+
+
+def test_gallery_only_reruns_the_entry_of_the_code_asked_for() -> None:
+    """`make_gallery.py --only CODE` reruns the scenario the code's entry names; for a new code,
+    only the scenarios no entry names yet (the one added for it)."""
+    make = _load("make_gallery")
+    entries = make.read_entries((DOCS / "gallery.md").read_text())
+    code = "init.loss_above_chance"
+    story = make._named_story(entries[code], [s[0] for s in make.SCENARIOS])
+    assert [s[0] for s in make.scenarios_for([code], entries)] == [story]
+    fresh = ("a story no entry names", None, {})
+    scenarios = make.SCENARIOS
+    try:
+        make.SCENARIOS = [*scenarios, fresh]
+        new = {c: e for c, e in entries.items() if c != "init.chance_unknown"}  # as if new
+        chosen = [s[0] for s in make.scenarios_for(["init.chance_unknown"], new)]
+    finally:
+        make.SCENARIOS = scenarios
+    assert fresh[0] in chosen and len(chosen) < len(scenarios) // 4
+
+
+def test_each_check_docstring_lists_its_codes() -> None:
+    """A check's docstring names every code it owns (the API pages show it)."""
+    from lightning_triage.callbacks import CHECKS, TriageReport
+
+    for cls in (*CHECKS, TriageReport):
+        missing = [c for c in cls.codes if c != "triage.check_error"
+                   and f"``{c}``" not in (cls.__doc__ or "")]
+        assert not missing, f"{cls.__name__}'s docstring does not name {missing}"

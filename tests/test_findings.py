@@ -8,14 +8,12 @@ import pytest
 
 from lightning_triage.findings import (
     CODES,
-    SPIKE_WINDOW,
     STAGES,
     Finding,
-    explain_findings,
     register_code,
     sort_findings,
-    start_here,
 )
+from lightning_triage.ranking import SPIKE_WINDOW, explain_findings, start_here
 from lightning_triage.report import REPORT_SCHEMA, build_report
 
 # Every code of docs/design.md (curve.* expanded): the public contract.

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from lightning_triage.findings import CODES, Finding
+from lightning_triage.ranking import SUSPICIONS, settle_suspicions
 from lightning_triage.report import build_report
-from lightning_triage.suspicions import SUSPICIONS, settle_suspicions
 
 
 def make(code: str, step: int | None = None, check: str = "T", **evidence: Any) -> Finding:

@@ -27,16 +27,13 @@ from lightning_triage.findings import (
     CODES,
     SEVERITIES,
     Finding,
-    explain_findings,
-    sort_findings,
     stage_line,
-    start_here,
 )
+from lightning_triage.ranking import rank
 from lightning_triage.report_files import directory_lock, other_runs, run_id_marker, stage
 from lightning_triage.report_safe import SafeNotes, describe, json_safe, terminal_text
 from lightning_triage.schema import REPORT_SCHEMA as REPORT_SCHEMA
 from lightning_triage.schema import SCHEMA_ID, one_line, validate_report
-from lightning_triage.suspicions import settle_suspicions
 
 ReportStatus = Literal["completed", "interrupted", "crashed"]
 JSON_NAME = "triage_report.json"
@@ -69,9 +66,9 @@ def build_report(
     details: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble the report dict: each suspicion that the run does not confirm made info
-    (:func:`~lightning_triage.suspicions.settle_suspicions`), findings sorted by stage then
+    (:func:`~lightning_triage.ranking.settle_suspicions`), findings sorted by stage then
     step, each symptom's ``explained_by`` set
-    (:func:`~lightning_triage.findings.explain_findings`), ``start_here`` computed (cause
+    (:func:`~lightning_triage.ranking.explain_findings`), ``start_here`` computed (cause
     before symptom, then protocol order), and a ``failed`` check whose findings all became info
     reported ``passed``.
 
@@ -85,11 +82,11 @@ def build_report(
         >>> report["start_here"], report["schema"]
         ('init.loss_above_chance', 'lightning-triage/report/1')
     """
-    ordered = sort_findings(explain_findings(settle_suspicions(findings)))
+    ordered, lead = rank(findings)
     return {
         "schema": SCHEMA_ID,
         "status": status,
-        "start_here": start_here(ordered),
+        "start_here": lead,
         "run": dict(run),
         "findings": [f.to_dict() for f in ordered],
         "checks": [_agree(c, ordered) for c in checks],

@@ -26,7 +26,7 @@ from torch.utils.data import (
 from lightning_triage import BatchInspector, DataLoaderCheck, Triage
 from lightning_triage.demo.digits import DigitsMLP, load_digits_tensors
 from lightning_triage.errors import TriageConfigError
-from lightning_triage.findings import explain_findings, start_here
+from lightning_triage.ranking import explain_findings, start_here
 from tests.helpers import codes, make_trainer, seeds, stage_codes
 
 

@@ -13,7 +13,7 @@ import torch
 
 from lightning_triage import EvalContractCheck, Triage, TriageConfigError
 from lightning_triage.callbacks.base import collect_checks
-from lightning_triage.findings import explain_findings, start_here
+from lightning_triage.ranking import explain_findings, start_here
 from tests.callbacks.eval_models import DigitsNet, digits_loaders
 from tests.helpers import make_trainer, seeds
 

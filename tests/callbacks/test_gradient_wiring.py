@@ -155,7 +155,7 @@ def test_sharded_strategies_are_recognized() -> None:
 
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
-    from lightning_triage.callbacks.gradient_wiring import sharded_strategy
+    from lightning_triage.callbacks._shared import sharded_strategy
 
     assert sharded_strategy(SimpleNamespace(strategy=FSDPStrategy())) == "FSDPStrategy"  # type: ignore[arg-type]
     assert sharded_strategy(SimpleNamespace(strategy=DDPStrategy())) is None  # type: ignore[arg-type]

@@ -1,15 +1,18 @@
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from lightning_triage import GradientMonitor, InitialLossCheck, OverfitBatchCheck, Triage
-from lightning_triage.callbacks import CHECKS
-from lightning_triage.callbacks.base import guarded
+from lightning_triage.callbacks import CHECKS, TriageReport
+from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.callbacks.triage import FORWARDED_HOOKS
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
 from lightning_triage.errors import TriageConfigError
 from tests.helpers import loader, make_trainer
@@ -112,3 +115,60 @@ class _TinyClassifier(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class _Recorder(TriageCallback):
+    """A check that records every hook Lightning's `Callback` has (guarded or not)."""
+
+    def __init__(self) -> None:
+        super().__init__(strict=True)
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+
+def _recording(hook: str) -> Any:
+    def record(self: _Recorder, trainer: Any, *args: Any) -> None:
+        self.calls.append((hook, args))
+
+    record.__name__ = hook
+    return record
+
+
+for _hook in FORWARDED_HOOKS:
+    setattr(_Recorder, _hook, _recording(_hook))
+
+
+def test_bundle_dispatches_every_hook_a_check_overrides() -> None:
+    # every hook any check (or the report) overrides is one the bundle forwards to its members
+    hooks = [name for name, value in vars(Callback).items()
+             if callable(value) and not name.startswith("_")]
+    overridden = {h for cls in (*CHECKS, TriageReport) for h in hooks
+                  if getattr(cls, h) is not getattr(Callback, h)}
+    kept = {"state_dict", "load_state_dict"}  # the bundle keeps each check's state itself
+    assert overridden - kept <= set(FORWARDED_HOOKS) | {"setup", "teardown", "on_exception"}
+    assert set(FORWARDED_HOOKS) | kept | {"setup", "teardown", "on_exception"} == set(hooks)
+    # and each forwarded hook reaches a member with its arguments (the report last)
+    triage = Triage(verbose=False)
+    recorder = _Recorder()
+    triage.checks = [recorder]
+    triage.report = Callback()  # type: ignore[assignment]  # (Lightning's no-op hooks: not called)
+    for hook in FORWARDED_HOOKS:
+        assert getattr(Triage, hook) is not getattr(Callback, hook), hook
+        getattr(triage, hook)(object(), "module", 1, 2)
+    assert [(h, args) for h, args in recorder.calls] == [(h, ("module", 1, 2))
+                                                         for h in FORWARDED_HOOKS]
+
+
+def test_bundle_builds_each_check_from_its_declared_arguments() -> None:
+    triage = Triage(overfit_max_steps=12, window_steps=7000, numerics_mode="sync",
+                    input_key="x", verbose=False)
+    overfit = triage.check("OverfitBatchCheck")
+    assert (overfit.max_steps, overfit.min_steps, overfit.input_key) == (12, 12, "x")  # type: ignore[attr-defined]
+    assert triage.check("GradientMonitor").max_window_steps == 7000  # type: ignore[attr-defined]
+    assert triage.check("NonFiniteTracer").mode == "sync"  # type: ignore[attr-defined]
+    for cls in CHECKS:  # every declared argument is one of the check's and one of the bundle's
+        params = inspect.signature(cls).parameters
+        for own, theirs in cls.bundle_args.items():
+            assert own in params, (cls.__name__, own)
+            assert not isinstance(theirs, str) or theirs in inspect.signature(Triage).parameters
+    with pytest.raises(TriageConfigError, match="`overfit_max_steps`"):
+        Triage(overfit_max_steps=0)

@@ -8,7 +8,7 @@ import math
 import pytest
 from rich.console import Console
 
-from lightning_triage.findings import CODES, REMEDY_KINDS, Finding, register_code, start_here
+from lightning_triage.findings import CODES, REMEDY_KINDS, Finding, register_code
 from lightning_triage.functional.remedy import (
     RemedyThresholds,
     Replay,
@@ -20,6 +20,7 @@ from lightning_triage.functional.remedy import (
     with_remedy,
 )
 from lightning_triage.html import render_html
+from lightning_triage.ranking import start_here
 from lightning_triage.report import build_report, print_report, remedy_line, render_markdown
 from lightning_triage.schema import validate_report
 from tests.report_samples import broken_report

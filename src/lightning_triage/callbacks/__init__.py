@@ -1,5 +1,6 @@
 """Lightning callbacks: one per protocol concern, the report, and the ``Triage`` bundle."""
 
+from lightning_triage.callbacks._checks import CHECKS  # the one list of checks
 from lightning_triage.callbacks.autocast_check import (
     AutocastCheck,
 )
@@ -53,27 +54,6 @@ from lightning_triage.callbacks.update_contracts import (
 )
 from lightning_triage.callbacks.worst_errors import (
     WorstErrors,
-)
-
-#: Every check of the package, in protocol order: the one list of checks. The ``Triage`` bundle
-#: builds them in this order (a test holds it to it); the HTML report's stage rows, the
-#: configuration reference and the docs' code tables read their ``stage`` and ``codes``.
-CHECKS: tuple[type[TriageCallback], ...] = (
-    BatchInspector,
-    DataLoaderCheck,
-    WorstErrors,
-    InitialLossCheck,
-    GradientWiringCheck,
-    UpdateContractCheck,
-    OverfitBatchCheck,
-    StructureProbe,
-    PaddingProbe,
-    EvalModeCheck,
-    EvalContractCheck,
-    LossCurveMonitor,
-    GradientMonitor,
-    AutocastCheck,
-    NonFiniteTracer,
 )
 
 

@@ -10,12 +10,36 @@ checks) the argument is named as the user spelled it: ``Triage(overfit_max_steps
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Union
 
 from lightning_triage.errors import TriageConfigError
+
+#: One argument of a check as the ``Triage`` bundle passes it (``TriageCallback.bundle_args``):
+#: the name of the bundle's argument, or a function of all the bundle's arguments.
+BundleArg = Union[str, Callable[[Mapping[str, Any]], Any]]  # noqa: UP007 (a runtime alias)
+#: The monitors' cap on their window in the bundle (``max_window_steps``), raised to
+#: ``window_steps`` when that is larger: ``Triage`` has no ``max_window_steps`` of its own.
+BUNDLE_MAX_WINDOW_STEPS = 5000
+
+
+def passes(*names: str) -> dict[str, BundleArg]:
+    """``bundle_args`` for arguments the bundle passes under the same name.
+
+    Example:
+        >>> passes("task", "num_classes")
+        {'task': 'task', 'num_classes': 'num_classes'}
+    """
+    return {name: name for name in names}
+
+
+def bundle_window_cap(args: Mapping[str, Any]) -> int:
+    """The monitors' ``max_window_steps`` in the bundle (see :data:`BUNDLE_MAX_WINDOW_STEPS`)."""
+    steps = args["window_steps"]
+    return max(BUNDLE_MAX_WINDOW_STEPS, steps) if isinstance(steps, int) else BUNDLE_MAX_WINDOW_STEPS
+
 
 _ALIASES: ContextVar[Mapping[str, str] | None] = ContextVar("lightning_triage_arg_aliases",
                                                            default=None)
@@ -107,6 +131,21 @@ def check_batch_key(name: str, value: Any) -> None:
             and not callable(value):
         raise fail(name, value, "a key or attribute name, an index, a callable `batch -> tensor` "
                                 "or None")
+
+
+def check_batch_keys(**keys: Any) -> None:
+    """Each argument (name=value) names a batch entry (:func:`check_batch_key`): the one check of
+    the ``input_key``/``target_key`` arguments (and the like) the constructors share.
+
+    Example:
+        >>> check_batch_keys(input_key="x", target_key=1)
+        >>> check_batch_keys(target_key=2.5)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lightning_triage.errors.TriageConfigError: `target_key` must be a key ... or None, got 2.5.
+    """
+    for name, value in keys.items():
+        check_batch_key(name, value)
 
 
 def check_callable(name: str, value: Any, signature: str) -> None:

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
 from lightning_triage._compat import grad_scaler, is_overridden
-from lightning_triage.findings import Finding, explain_findings, sort_findings, start_here
+from lightning_triage.findings import Finding, sort_findings
 from lightning_triage.functional.batch import locate_batch
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.functional.remedy import (
@@ -57,7 +57,7 @@ from lightning_triage.probing import (
     step_loss,
     user_code,
 )
-from lightning_triage.suspicions import settle_suspicions
+from lightning_triage.ranking import explain_findings, settle_suspicions, start_here
 
 #: Recorded batches replayed (and measured after each replay).
 REPLAY_STEPS = 30

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_triage._torch_compat import foreach_norms
 from lightning_triage.functional.tensors import is_plain, plain_values
 from lightning_triage.probing import step_loss
 
@@ -87,9 +88,9 @@ class StepState:
         grads = [p.grad if p.grad is not None else self._zero(p) for p in self.params]
         norms: Sequence[Tensor]
         try:
-            norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+            norms = foreach_norms(grads, 2, dtype=torch.float32)
         except (NotImplementedError, RuntimeError):  # sparse or complex gradients ...
-            norms = [n.float() for n in torch._foreach_norm(self._plain(grads))]
+            norms = [n.float() for n in foreach_norms(self._plain(grads))]
         stacked = torch.stack(norms)
         if self.host:
             values = stacked.tolist()

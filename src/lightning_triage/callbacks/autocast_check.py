@@ -12,7 +12,7 @@ import torch
 from typing_extensions import override
 
 from lightning_triage._compat import train_step_context
-from lightning_triage.callbacks._args import check_batch_key, check_callable, check_int
+from lightning_triage.callbacks._args import BundleArg, check_batch_keys, check_callable, check_int, passes
 from lightning_triage.callbacks._probe import ForwardFn
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey
@@ -69,6 +69,9 @@ class AutocastCheck(TriageCallback):
 
     stage: ClassVar[str] = "numerics"
     codes: ClassVar[tuple[str, ...]] = ("numerics.autocast_bypassed",)
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
+        "forward_fn", "input_key", "target_key")
     state_key_args = ("input_key", "target_key")
 
     def __init__(
@@ -82,8 +85,7 @@ class AutocastCheck(TriageCallback):
     ) -> None:
         super().__init__(strict=strict)
         check_callable("forward_fn", forward_fn, "(pl_module, batch) -> output")
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         check_int("max_examples", max_examples, 1)
         self.forward_fn = forward_fn
         self.input_key = input_key

@@ -21,11 +21,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_bool, state_key_of
+from lightning_triage.callbacks._args import BundleArg, check_bool, state_key_of
 from lightning_triage.findings import Finding, Severity
 from lightning_triage.functional.verdict import Verdict
+from lightning_triage.ranking import SUSPICIONS
 from lightning_triage.report_safe import safe_str
-from lightning_triage.suspicions import SUSPICIONS
 
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
 #: A check whose detail starts with this did not do its work (the rest says why): its status is
@@ -114,6 +114,15 @@ class TriageCallback(Callback):
     #: The arguments that tell two instances apart: those not at their defaults join the class
     #: name in :attr:`state_key` (as in Lightning's ``EarlyStopping``).
     state_key_args: ClassVar[tuple[str, ...]] = ()
+
+    #: How the :class:`~lightning_triage.Triage` bundle builds this check from its own
+    #: arguments: the check's argument -> the bundle's argument passed to it (its name), or a
+    #: function of all the bundle's arguments (a value derived from them). ``strict`` is always
+    #: passed; an argument not named here keeps the check's default.
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = {}
+    #: The bundle's boolean argument that leaves this check out when ``False`` (``None``: the
+    #: bundle always runs it).
+    bundle_switch: ClassVar[str | None] = None
 
     @property
     @override

@@ -11,7 +11,14 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int, check_number
+from lightning_triage.callbacks._args import (
+    BundleArg,
+    check_batch_keys,
+    check_bool,
+    check_int,
+    check_number,
+    passes,
+)
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, BatchLayout, locate_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, infer_task
@@ -51,8 +58,8 @@ class BatchInspector(TriageCallback):
     Findings: ``data.nonfinite_input``, ``data.nonfinite_target``, ``data.unnormalized_input``,
     ``data.constant_input``, ``data.target_out_of_range``, ``data.class_imbalance``,
     ``data.repeated_batch``, ``data.duplicate_samples``, ``data.train_val_overlap``,
-    ``data.train_val_shift``, ``data.label_misalignment`` and ``data.unknown_batch_structure``
-    (info). See ``docs/data.md`` for thresholds.
+    ``data.train_val_shift``, ``data.label_misalignment``, ``data.tiny_input_scale`` and
+    ``data.unknown_batch_structure`` (info). See ``docs/data.md`` for thresholds.
 
     After fit, :attr:`sample` holds a small JSON-able picture of the first training batch and
     :attr:`batch_stats` the per-tensor statistics of the inspected batches.
@@ -96,6 +103,9 @@ class BatchInspector(TriageCallback):
         "data.target_out_of_range", "data.class_imbalance", "data.repeated_batch",
         "data.duplicate_samples", "data.train_val_overlap", "data.train_val_shift",
         "data.label_misalignment", "data.unknown_batch_structure")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
+        "num_classes", "input_key", "target_key")
 
     state_key_args = ("input_key", "target_key")
 
@@ -121,8 +131,7 @@ class BatchInspector(TriageCallback):
         check_int("max_fingerprints", max_fingerprints, 1)
         check_int("num_classes", num_classes, 2, optional=True)
         check_int("ignore_index", ignore_index)
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         check_number("max_rms", max_rms, 1)
         check_number("duplicate_fraction", duplicate_fraction, 0, 1, high_open=False)
         check_bool("probe", probe)

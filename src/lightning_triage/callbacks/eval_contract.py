@@ -15,9 +15,9 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_triage._compat import forward_context, hook_takes, is_overridden
-from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int
+from lightning_triage.callbacks._args import BundleArg, check_batch_keys, check_bool, check_int, passes
+from lightning_triage.callbacks._shared import loss_from_outputs, validate_task
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.callbacks.initial_loss import loss_from_outputs, validate_task
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, ChanceLevel, Task, resolve_chance
 from lightning_triage.functional.eval_contracts import (
@@ -106,6 +106,10 @@ class EvalContractCheck(TriageCallback):
 
     stage: ClassVar[str] = "mode"
     codes: ClassVar[tuple[str, ...]] = ("mode.nondeterministic_eval", "mode.eval_loss_gap")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
+        "stochastic_eval", "task", "num_classes", "input_key", "target_key")
+
     state_key_args = ("stochastic_eval", "task", "num_classes", "input_key", "target_key")
 
     def __init__(
@@ -125,8 +129,7 @@ class EvalContractCheck(TriageCallback):
         check_bool("stochastic_eval", stochastic_eval)
         validate_task(task, num_classes)
         check_int("ignore_index", ignore_index)
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         check_int("max_examples", max_examples, 1)
         check_int("min_steps", min_steps, 0)
         self.stochastic_eval = stochastic_eval

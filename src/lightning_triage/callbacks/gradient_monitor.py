@@ -20,7 +20,14 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage._compat import StepCounter, fp16_amp, step_counter
-from lightning_triage.callbacks._args import check_bool, check_choice, check_int
+from lightning_triage.callbacks._args import (
+    BundleArg,
+    bundle_window_cap,
+    check_bool,
+    check_choice,
+    check_int,
+    passes,
+)
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
     log_finding,
@@ -131,6 +138,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
     stage: ClassVar[str] = "grad"
     codes: ClassVar[tuple[str, ...]] = ("grad.exploding", "grad.vanishing", "grad.spike",
         "grad.dead_units", "grad.update_ratio")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = {
+        **passes("window_epochs", "window_steps", "watch", "on_spike"),
+        "max_window_steps": bundle_window_cap}
 
     state_key_args = ("window_epochs", "window_steps")
 

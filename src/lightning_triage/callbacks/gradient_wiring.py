@@ -13,6 +13,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage.callbacks._args import check_bool
+from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.adapters import zero_partners
 from lightning_triage.functional.tensors import any_nonzero
@@ -26,19 +27,9 @@ from lightning_triage.functional.wiring import (
 
 #: At most this many parameter names are listed in a finding's evidence.
 MAX_LISTED = 200
-#: Strategies that shard or flatten parameters: per-parameter gradients and probes that call
-#: ``training_step`` outside the wrapped forward do not apply there.
-SHARDED_STRATEGIES = ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
 #: Optimizer steps after the first backward by which a zero gradient that a zero-initialized
 #: partner explained (LoRA's ``lora_A`` while ``lora_B`` is zero) must have turned non-zero.
 CONFIRM_STEPS = 3
-
-
-def sharded_strategy(trainer: pl.Trainer) -> str | None:
-    """The name of the trainer's strategy if it shards or flattens parameters, else ``None``."""
-    names = {cls.__name__ for cls in type(trainer.strategy).__mro__}
-    found = [name for name in SHARDED_STRATEGIES if name in names]
-    return found[0] if found else None
 
 
 def _evidence(groups: list[ModuleGroup]) -> dict[str, Any]:

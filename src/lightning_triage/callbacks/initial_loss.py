@@ -12,9 +12,15 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage._compat import fp16_amp
-from lightning_triage.callbacks._args import arg, check_batch_key, check_choice, check_int, check_number
+from lightning_triage.callbacks._args import (
+    BundleArg,
+    check_batch_keys,
+    check_int,
+    check_number,
+    passes,
+)
+from lightning_triage.callbacks._shared import loss_from_outputs, validate_task
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.errors import TriageConfigError
 from lightning_triage.functional.adapters import uses_adapters
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import (
@@ -26,33 +32,6 @@ from lightning_triage.functional.chance import (
     resolve_chance,
 )
 from lightning_triage.functional.hooks import HeadCapture
-from lightning_triage.probing import step_loss
-
-
-def validate_task(task: str, num_classes: int | None) -> None:
-    """Check the ``task``/``num_classes`` arguments shared by the bundle and the checks.
-
-    Raises:
-        TriageConfigError: naming the argument, its value and what is allowed.
-    """
-    check_choice("task", task, TASKS)
-    check_int("num_classes", num_classes, 2, optional=True)
-    if task in ("multiclass", "sequence") and num_classes is None:
-        shown = arg("num_classes")
-        raise TriageConfigError(f"`{shown}` is required with task={task!r} (an integer >= 2), "
-                                f"got None.", argument=shown, value=None)
-
-
-def loss_from_outputs(outputs: STEP_OUTPUT, pl_module: pl.LightningModule,
-                      trainer: pl.Trainer) -> Tensor | None:
-    """The training-step loss from ``on_train_batch_end`` outputs, undoing Lightning's division
-    by ``accumulate_grad_batches`` under automatic optimization."""
-    loss = step_loss(outputs)
-    if loss is None:
-        return None
-    if pl_module.automatic_optimization:
-        loss = loss * trainer.accumulate_grad_batches
-    return loss.detach()
 
 
 class InitialLossCheck(TriageCallback):
@@ -94,6 +73,9 @@ class InitialLossCheck(TriageCallback):
     stage: ClassVar[str] = "init"
     codes: ClassVar[tuple[str, ...]] = ("init.loss_above_chance", "init.loss_below_chance",
         "init.chance_unknown")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
+        "task", "num_classes", "input_key", "target_key")
 
     state_key_args = ("task", "num_classes", "input_key", "target_key")
 
@@ -114,8 +96,7 @@ class InitialLossCheck(TriageCallback):
         check_int("ignore_index", ignore_index)
         check_number("above_ratio", above_ratio, 1)
         check_number("below_ratio", below_ratio, 0, 1)
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         self.task = task
         self.num_classes = num_classes
         self.ignore_index = ignore_index

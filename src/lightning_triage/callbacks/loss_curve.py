@@ -15,7 +15,15 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage._compat import StepCounter, is_overridden, step_counter
-from lightning_triage.callbacks._args import check_batch_key, check_bool, check_int, fail
+from lightning_triage.callbacks._args import (
+    BundleArg,
+    bundle_window_cap,
+    check_batch_keys,
+    check_bool,
+    check_int,
+    fail,
+    passes,
+)
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
     handled_by,
@@ -24,9 +32,9 @@ from lightning_triage.callbacks._monitor import (
     scalar,
     validate_window,
 )
+from lightning_triage.callbacks._shared import validate_task
 from lightning_triage.callbacks._step import RowBuffer, StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.callbacks.initial_loss import validate_task
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import (
     IGNORE_INDEX,
@@ -73,7 +81,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     the window for the overfitting rule and validation ran less often than once per epoch.
     ``curve.overfitting`` is not reported under ``Trainer(overfit_batches=...)``; its evidence
     names the user's ``EarlyStopping``/``ModelCheckpoint`` on the validation loss
-    (``handled_by``), which make it info (see :mod:`lightning_triage.suspicions`).
+    (``handled_by``), which make it info (see :mod:`lightning_triage.ranking`).
 
     Args:
         task: ``"auto"`` (infer from the first batch), ``"multiclass"``, ``"binary"``,
@@ -113,6 +121,11 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     codes: ClassVar[tuple[str, ...]] = ("curve.not_learning", "curve.lr_too_low", "curve.lr_too_high",
         "curve.diverging", "curve.plateau_at_chance", "curve.loss_spike", "curve.overfitting",
         "curve.healthy", "curve.no_validation", "curve.sparse_validation")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = {
+        **passes("task", "num_classes", "input_key", "target_key", "window_epochs",
+                 "window_steps", "watch"),
+        "max_window_steps": bundle_window_cap}
 
     state_key_args = ("task", "num_classes", "window_epochs", "window_steps", "val_key")
 
@@ -137,8 +150,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         validate_task(task, num_classes)
         validate_window(window_epochs, window_steps, max_window_steps, flush_every_n_steps, max_points)
         check_int("ignore_index", ignore_index)
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         check_bool("watch", watch)
         if val_key is not None and not isinstance(val_key, str):
             raise fail("val_key", val_key, "a metric name or None")

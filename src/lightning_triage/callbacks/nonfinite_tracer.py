@@ -15,11 +15,13 @@ from typing_extensions import override
 
 from lightning_triage._compat import StepCounter, grad_scaler, step_counter
 from lightning_triage.callbacks._args import (
-    check_batch_key,
+    BundleArg,
+    check_batch_keys,
     check_bool,
     check_choice,
     check_int,
     check_number,
+    passes,
 )
 from lightning_triage.callbacks._nonfinite_replay import replay_step
 from lightning_triage.callbacks._step import StepState
@@ -122,6 +124,10 @@ class NonFiniteTracer(TriageCallback):
     codes: ClassVar[tuple[str, ...]] = ("numerics.nonfinite_loss", "numerics.nonfinite_forward",
         "numerics.nonfinite_backward", "numerics.nonfinite_params", "numerics.precision_overflow",
         "numerics.near_overflow", "numerics.nonfinite_detected")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = {
+        "mode": "numerics_mode", "check_every_n_steps": "numerics_check_every_n_steps",
+        **passes("on_nonfinite", "input_key", "target_key")}
     shared_codes: ClassVar[tuple[str, ...]] = ("data.nonfinite_input", "data.nonfinite_target")
 
     state_key_args = ("on_nonfinite", "mode")
@@ -150,8 +156,7 @@ class NonFiniteTracer(TriageCallback):
         check_int("near_overflow_every_n_steps", near_overflow_every_n_steps, 1, optional=True)
         check_number("near_overflow_ratio", near_overflow_ratio, 0, 1)
         check_int("max_localized", max_localized, 0)
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         self.on_nonfinite = on_nonfinite
         self.mode = mode
         self.check_every_n_steps = check_every_n_steps

@@ -23,10 +23,9 @@ from lightning_triage._compat import (
     train_step_context,
     training_step_args,
 )
-from lightning_triage.callbacks._args import check_batch_key, check_int, check_number
+from lightning_triage.callbacks._args import BundleArg, check_batch_keys, check_int, check_number, passes
+from lightning_triage.callbacks._shared import sharded_strategy, validate_task
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.callbacks.gradient_wiring import sharded_strategy
-from lightning_triage.callbacks.initial_loss import validate_task
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, Task
 from lightning_triage.functional.hooks import capture_last_output
@@ -137,6 +136,12 @@ def _note_params(run: ProbeRun, params: list[tuple[str, nn.Parameter]],
     return trainable
 
 
+def _bundle_min_steps(args: Mapping[str, Any]) -> int:
+    """``min_steps`` in the ``Triage`` bundle: 30, or all of ``overfit_max_steps`` when fewer."""
+    steps = args["overfit_max_steps"]
+    return min(30, steps) if isinstance(steps, int) else 30
+
+
 class OverfitBatchCheck(TriageCallback):
     """Train on a few examples of the first batch alone: a healthy setup memorizes them.
 
@@ -167,8 +172,9 @@ class OverfitBatchCheck(TriageCallback):
     Findings: ``overfit.passed`` (info), ``overfit.failed`` (with the curve's numbers and the
     likely cause: loss not connected, broken gradient path, frozen layers, parameters missing
     from the optimizer, a loss bounded away from zero such as cross-entropy on
-    probabilities, a non-finite or rising loss), ``overfit.inconclusive`` and
-    ``overfit.skipped`` (info).
+    probabilities, a non-finite or rising loss), ``overfit.loss_on_probabilities`` (the loss
+    applies log-softmax to outputs that are already probabilities), ``overfit.inconclusive``
+    and ``overfit.skipped`` (info).
 
     Args:
         batch_size: examples to memorize (the first ones of the first batch).
@@ -201,6 +207,12 @@ class OverfitBatchCheck(TriageCallback):
     stage: ClassVar[str] = "overfit"
     codes: ClassVar[tuple[str, ...]] = ("overfit.failed", "overfit.loss_on_probabilities",
         "overfit.passed", "overfit.inconclusive", "overfit.skipped")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = {
+        "batch_size": "overfit_batch_size", "max_steps": "overfit_max_steps",
+        "time_budget": "overfit_time_budget", "min_steps": _bundle_min_steps,
+        **passes("task", "num_classes", "input_key", "target_key")}
+    bundle_switch: ClassVar[str | None] = "overfit"
 
     state_key_args = ("batch_size", "task", "num_classes", "input_key", "target_key")
 
@@ -225,8 +237,7 @@ class OverfitBatchCheck(TriageCallback):
         check_number("time_budget", time_budget, 0, unit="seconds")
         check_number("tolerance", tolerance, 0, 1)
         check_int("min_steps", min_steps, 1, max_steps)
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         self.batch_size = batch_size
         self.max_steps = max_steps
         self.time_budget = float(time_budget)

@@ -13,7 +13,14 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_batch_key, check_callable, check_int, check_number
+from lightning_triage.callbacks._args import (
+    BundleArg,
+    check_batch_keys,
+    check_callable,
+    check_int,
+    check_number,
+    passes,
+)
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
 from lightning_triage.callbacks.base import guarded
 from lightning_triage.functional import structure_rules as rules
@@ -92,6 +99,9 @@ class PaddingProbe(ProbeCallback):
 
     stage: ClassVar[str] = "structure"
     codes: ClassVar[tuple[str, ...]] = ("structure.padding_leak",)
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
+        "padding_mask_key", "forward_fn", "input_key", "target_key")
     shared_codes: ClassVar[tuple[str, ...]] = ("structure.probe_skipped",)
 
     state_key_args = ("padding_mask_key", "input_key", "target_key")
@@ -109,9 +119,8 @@ class PaddingProbe(ProbeCallback):
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        for name, key in (("padding_mask_key", padding_mask_key), ("input_key", input_key),
-                          ("target_key", target_key)):
-            check_batch_key(name, key)
+        check_batch_keys(padding_mask_key=padding_mask_key, input_key=input_key,
+                         target_key=target_key)
         check_callable("forward_fn", forward_fn, "(pl_module, batch) -> output")
         check_int("max_examples", max_examples, 1)
         check_number("tolerance", tolerance, 0, 1)

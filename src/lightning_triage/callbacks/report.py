@@ -25,6 +25,7 @@ from lightning_triage.callbacks._args import check_bool, check_choice, fail
 from lightning_triage.callbacks._remedy import RemedyRecorder, verify_lead
 from lightning_triage.callbacks.base import TriageCallback, collect_checks
 from lightning_triage.findings import SEVERITIES, Finding, _jsonable
+from lightning_triage.ranking import settle_suspicions
 from lightning_triage.report import (
     FailOn,
     ReportStatus,
@@ -36,7 +37,6 @@ from lightning_triage.report import (
     write_report,
 )
 from lightning_triage.report_safe import describe
-from lightning_triage.suspicions import settle_suspicions
 
 #: ``fail_on`` as the callbacks take it: a severity, or ``"none"`` / ``None`` for never (the
 #: command line's ``--fail-on none``).
@@ -191,7 +191,8 @@ class TriageReport(Callback):
     Under DDP the findings of every rank are gathered and rank 0 writes the files (on a crash,
     without collectives: the crashing rank's findings only).
 
-    Findings reach the trainer's loggers as they happen (``log_findings``): every logger gets
+    Its own finding: ``run.unseeded`` (info: no ``seed_everything`` call was seen before the
+    fit). Findings reach the trainer's loggers as they happen (``log_findings``): every logger gets
     the running counts ``triage/findings_error``, ``triage/findings_warning`` and
     ``triage/findings_info`` through ``log_metrics`` at the finding's step, and a
     ``TensorBoardLogger`` also gets the finding as text (tag ``triage/findings``); at the end

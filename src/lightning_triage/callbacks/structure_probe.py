@@ -16,11 +16,13 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage.callbacks._args import (
-    check_batch_key,
+    BundleArg,
+    check_batch_keys,
     check_callable,
     check_causal,
     check_int,
     check_number,
+    passes,
 )
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
 from lightning_triage.callbacks.base import guarded
@@ -137,6 +139,9 @@ class StructureProbe(ProbeCallback):
     stage: ClassVar[str] = "structure"
     codes: ClassVar[tuple[str, ...]] = ("structure.batch_mixing", "structure.causal_leak",
         "structure.shape_mismatch", "structure.target_leak", "structure.probe_skipped")
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
+        "causal", "forward_fn", "input_key", "target_key")
 
     state_key_args = ("causal", "input_key", "target_key")
 
@@ -156,8 +161,7 @@ class StructureProbe(ProbeCallback):
         super().__init__(strict=strict)
         check_causal(causal)
         check_callable("forward_fn", forward_fn, "(pl_module, batch) -> output")
-        check_batch_key("input_key", input_key)
-        check_batch_key("target_key", target_key)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         check_int("max_examples", max_examples, 2)
         check_number("tolerance", tolerance, 0, 1)
         check_number("time_budget", time_budget, 0, unit="seconds")

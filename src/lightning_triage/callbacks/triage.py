@@ -8,36 +8,20 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.types import STEP_OUTPUT
-from torch import Tensor
-from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage._compat import skip_hook, unskip_hooks
 from lightning_triage.callbacks._args import aliases, check_bool
+from lightning_triage.callbacks._checks import CHECKS
+from lightning_triage.callbacks._shared import validate_task
 from lightning_triage.callbacks._step import StepState
-from lightning_triage.callbacks.autocast_check import AutocastCheck
 from lightning_triage.callbacks.base import TriageCallback
-from lightning_triage.callbacks.batch_inspector import BatchInspector
-from lightning_triage.callbacks.dataloader_check import DataLoaderCheck
-from lightning_triage.callbacks.eval_contract import EvalContractCheck
-from lightning_triage.callbacks.eval_mode import EvalModeCheck
-from lightning_triage.callbacks.gradient_monitor import GradientMonitor, OnSpike
-from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
-from lightning_triage.callbacks.initial_loss import InitialLossCheck, validate_task
-from lightning_triage.callbacks.loss_curve import LossCurveMonitor
-from lightning_triage.callbacks.nonfinite_tracer import Mode, NonFiniteTracer, OnNonFinite
-from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
-from lightning_triage.callbacks.padding_probe import PaddingProbe
+from lightning_triage.callbacks.gradient_monitor import OnSpike
+from lightning_triage.callbacks.nonfinite_tracer import Mode, OnNonFinite
 from lightning_triage.callbacks.report import GateOn, TriageReport
-from lightning_triage.callbacks.structure_probe import ForwardFn, StructureProbe
-from lightning_triage.callbacks.update_contracts import UpdateContractCheck
-from lightning_triage.callbacks.worst_errors import WorstErrors
+from lightning_triage.callbacks.structure_probe import ForwardFn
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
-
-#: The monitors' default ``max_window_steps`` (raised to ``window_steps`` when that is larger).
-_MAX_WINDOW_STEPS = 5000
 
 _PER_STEP = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_backward",
                        "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"})
@@ -152,6 +136,8 @@ class Triage(Callback):
         log_findings: bool = True,
         verify_remedies: bool = True,
     ) -> None:
+        args = dict(locals())  # the bundle's arguments, by name: each check takes its own
+        del args["self"]
         validate_task(task, num_classes)
         check_bool("overfit", overfit)
         check_bool("verify_remedies", verify_remedies)
@@ -177,49 +163,7 @@ class Triage(Callback):
         self.input_key = input_key
         self.target_key = target_key
         self.padding_mask_key = padding_mask_key
-        ik, tk = input_key, target_key
-        # `Triage` has no `max_window_steps`: the monitors' cap grows with `window_steps`
-        max_window = max(_MAX_WINDOW_STEPS, window_steps) if isinstance(window_steps, int) \
-            else _MAX_WINDOW_STEPS
-        # the checks validate the arguments, named as `Triage` names them
-        with aliases(batch_size="overfit_batch_size", max_steps="overfit_max_steps",
-                     time_budget="overfit_time_budget", mode="numerics_mode",
-                     check_every_n_steps="numerics_check_every_n_steps"):
-            overfit_check = OverfitBatchCheck(
-                batch_size=overfit_batch_size, max_steps=overfit_max_steps,
-                time_budget=overfit_time_budget,
-                min_steps=min(30, overfit_max_steps) if isinstance(overfit_max_steps, int) else 30,
-                task=task, num_classes=num_classes, input_key=ik, target_key=tk, strict=strict)
-            self.checks: list[TriageCallback] = [
-                BatchInspector(num_classes=num_classes, input_key=ik, target_key=tk,
-                               strict=strict),
-                DataLoaderCheck(strict=strict),
-                WorstErrors(input_key=ik, target_key=tk, strict=strict),
-                InitialLossCheck(task=task, num_classes=num_classes, input_key=ik, target_key=tk,
-                                 strict=strict),
-                GradientWiringCheck(strict=strict),
-                UpdateContractCheck(strict=strict),
-                *([overfit_check] if overfit else []),
-                StructureProbe(causal=causal, forward_fn=forward_fn, input_key=ik, target_key=tk,
-                               strict=strict),
-                PaddingProbe(padding_mask_key=padding_mask_key, forward_fn=forward_fn,
-                             input_key=ik, target_key=tk, strict=strict),
-                EvalModeCheck(strict=strict),
-                EvalContractCheck(stochastic_eval=stochastic_eval, task=task,
-                                  num_classes=num_classes, input_key=ik, target_key=tk,
-                                  strict=strict),
-                LossCurveMonitor(task=task, num_classes=num_classes, input_key=ik, target_key=tk,
-                                 window_epochs=window_epochs, window_steps=window_steps,
-                                 max_window_steps=max_window, watch=watch, strict=strict),
-                GradientMonitor(window_epochs=window_epochs, window_steps=window_steps,
-                                max_window_steps=max_window, watch=watch, on_spike=on_spike,
-                                strict=strict),
-                AutocastCheck(forward_fn=forward_fn, input_key=ik, target_key=tk, strict=strict),
-                # last: its non-finite policy may drop the step's update after the others saw it
-                NonFiniteTracer(on_nonfinite=on_nonfinite, mode=numerics_mode,
-                                check_every_n_steps=numerics_check_every_n_steps, input_key=ik,
-                                target_key=tk, strict=strict),
-            ]
+        self.checks: list[TriageCallback] = build_checks(args)
         self.fail_on = fail_on
         self.html = html
         self.log_findings = log_findings
@@ -331,6 +275,7 @@ class Triage(Callback):
                 check.load_state_dict(state_dict[check.state_key])
 
     # ------------------------------------------------------------------ hooks
+    # Every other hook of Lightning's `Callback` is forwarded by `_forwarder` (below the class).
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._callees_by_hook = {}  # `checks` may have been edited since the last fit
@@ -350,107 +295,47 @@ class Triage(Callback):
         self._each("teardown", trainer, pl_module, stage)
 
     @override
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_fit_start", trainer, pl_module)
-
-    @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_fit_end", trainer, pl_module)
-
-    @override
-    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_sanity_check_start", trainer, pl_module)
-
-    @override
-    def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_sanity_check_end", trainer, pl_module)
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_train_start", trainer, pl_module)
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_train_end", trainer, pl_module)
-
-    @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_train_epoch_start", trainer, pl_module)
-
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_train_epoch_end", trainer, pl_module)
-
-    @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                             batch: Any, batch_idx: int) -> None:
-        self._each("on_train_batch_start", trainer, pl_module, batch, batch_idx)
-
-    @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
-        self._each("on_train_batch_end", trainer, pl_module, outputs, batch, batch_idx)
-
-    @override
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           loss: Tensor) -> None:
-        self._each("on_before_backward", trainer, pl_module, loss)
-
-    @override
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_after_backward", trainer, pl_module)
-
-    @override
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                                 optimizer: Optimizer) -> None:
-        self._each("on_before_optimizer_step", trainer, pl_module, optimizer)
-
-    @override
-    def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                            optimizer: Optimizer) -> None:
-        self._each("on_before_zero_grad", trainer, pl_module, optimizer)
-
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_validation_start", trainer, pl_module)
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_validation_end", trainer, pl_module)
-
-    @override
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_validation_epoch_start", trainer, pl_module)
-
-    @override
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._each("on_validation_epoch_end", trainer, pl_module)
-
-    @override
-    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                                  batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._each("on_validation_batch_start", trainer, pl_module, batch, batch_idx, dataloader_idx)
-
-    @override
-    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                                outputs: STEP_OUTPUT, batch: Any, batch_idx: int,
-                                dataloader_idx: int = 0) -> None:
-        self._each("on_validation_batch_end", trainer, pl_module, outputs, batch, batch_idx,
-                   dataloader_idx)
-
-    @override
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
-        self._each("on_save_checkpoint", trainer, pl_module, checkpoint)
-
-    @override
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
-        self._each("on_load_checkpoint", trainer, pl_module, checkpoint)
-
-    @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         self._in_fit = False
         self._restore_hooks()
         self._each("on_exception", trainer, pl_module, exception)
+
+
+def build_checks(args: dict[str, Any]) -> list[TriageCallback]:
+    """The bundle's checks, in the order of :data:`~lightning_triage.callbacks.CHECKS`, each
+    built from the bundle's arguments ``args`` as its class declares (``bundle_args``,
+    ``bundle_switch``; ``strict`` always). A check switched off is still built, so its
+    arguments are validated; the errors name the arguments as ``Triage`` does."""
+    renamed = {own: theirs for cls in CHECKS for own, theirs in cls.bundle_args.items()
+               if isinstance(theirs, str) and own != theirs}
+    with aliases(**renamed):
+        built = [(cls, cls(**{own: args[theirs] if isinstance(theirs, str) else theirs(args)
+                              for own, theirs in cls.bundle_args.items()},
+                           strict=args["strict"]))
+                 for cls in CHECKS]
+    return [check for cls, check in built
+            if cls.bundle_switch is None or args[cls.bundle_switch]]
+
+
+#: The hooks of Lightning's ``Callback`` the bundle forwards to its checks and report as they
+#: come (everything but the state, which the bundle keeps per check, and the three hooks it
+#: defines itself above).
+FORWARDED_HOOKS: tuple[str, ...] = tuple(
+    name for name, value in vars(Callback).items()
+    if callable(value) and not name.startswith("_")
+    and name not in ("state_dict", "load_state_dict", "setup", "teardown", "on_exception"))
+
+
+def _forwarder(hook: str) -> Callable[..., None]:
+    def forward(self: Triage, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        self._each(hook, trainer, *args, *kwargs.values())
+
+    forward.__name__ = forward.__qualname__ = hook
+    forward.__doc__ = f"Forward ``{hook}`` to the checks that implement it, the report last."
+    return forward
+
+
+for _hook in FORWARDED_HOOKS:
+    setattr(Triage, _hook, _forwarder(_hook))
+del _hook

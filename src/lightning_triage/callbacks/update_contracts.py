@@ -15,8 +15,8 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_triage.callbacks._args import check_int
+from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.callbacks.base import TriageCallback, guarded
-from lightning_triage.callbacks.gradient_wiring import sharded_strategy
 from lightning_triage.functional.adapters import peft_base_params
 from lightning_triage.functional.update import (
     FORWARD,

@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, SequentialSampler
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_batch_key, check_int, fail
+from lightning_triage.callbacks._args import BundleArg, check_batch_keys, check_int, fail, passes
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, locate_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
@@ -73,6 +73,9 @@ class WorstErrors(TriageCallback):
 
     stage: ClassVar[str] = "data"
     codes: ClassVar[tuple[str, ...]] = ("data.worst_errors",)
+    # how `Triage` builds this check (TriageCallback.bundle_args)
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
+        "input_key", "target_key")
 
     state_key_args = ("k", "input_key", "target_key", "index_key")
 
@@ -90,9 +93,7 @@ class WorstErrors(TriageCallback):
     ) -> None:
         super().__init__(strict=strict)
         check_int("k", k, 1, 1000)
-        for name, key in (("input_key", input_key), ("target_key", target_key),
-                          ("index_key", index_key)):
-            check_batch_key(name, key)
+        check_batch_keys(input_key=input_key, target_key=target_key, index_key=index_key)
         if image_shape is not None and (
                 not isinstance(image_shape, (tuple, list)) or len(image_shape) not in (2, 3)
                 or not all(isinstance(d, int) and d > 0 for d in image_shape)):

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_triage._torch_compat import foreach_norms
 from lightning_triage.functional.spikes import SpikeEvent, detect_spikes, grew_before
 from lightning_triage.functional.verdict import Verdict
 
@@ -32,7 +33,8 @@ from lightning_triage.functional.verdict import Verdict
 def grad_norms(grads: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     """``(total, per_tensor)`` L2 norms of ``grads`` with fused ops, left on their device.
 
-    One ``torch._foreach_norm`` over all tensors, a stack, and the norm of the stacked norms:
+    One fused norm (:func:`~lightning_triage._torch_compat.foreach_norms`) over all tensors, a
+    stack, and the norm of the stacked norms:
     no host synchronization. Norms are float32.
 
     Example:
@@ -43,7 +45,7 @@ def grad_norms(grads: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     if not grads:
         zero = torch.zeros(())
         return zero, torch.zeros(0)
-    per = torch.stack(torch._foreach_norm(list(grads)))  # mixed dtypes are promoted
+    per = torch.stack(foreach_norms(grads))  # mixed dtypes are promoted
     if per.dtype != torch.float32:
         per = per.float()
     return torch.linalg.vector_norm(per), per
@@ -52,8 +54,8 @@ def grad_norms(grads: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
 def update_norms(new: Sequence[Tensor], old: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     """``(||new - old||, ||old||)`` per tensor, stacked, with fused ops (update-to-weight)."""
     diffs = torch._foreach_sub(list(new), list(old))
-    return (torch.stack([n.float() for n in torch._foreach_norm(diffs)]),
-            torch.stack([n.float() for n in torch._foreach_norm(list(old))]))
+    return (torch.stack([n.float() for n in foreach_norms(diffs)]),
+            torch.stack([n.float() for n in foreach_norms(old)]))
 
 
 def alive_units(grad: Tensor) -> Tensor:

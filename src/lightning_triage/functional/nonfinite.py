@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from lightning_triage._torch_compat import foreach_norms
 from lightning_triage.functional.tensors import is_plain, plain_values
 
 NonFiniteKind = Literal["forward", "backward", "loss", "finite"]
@@ -38,10 +39,9 @@ _FUSED_CHECK = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None
 def abs_peaks(tensors: Iterable[Tensor]) -> list[Tensor]:
     """The largest ``|x|`` of each tensor, as 0-dim device tensors (no host sync).
 
-    One multi-tensor ``inf``-norm (``torch._foreach_norm``, what ``clip_grad_norm_`` uses; a
-    loop of ``torch.linalg.vector_norm`` where it is missing). Empty tensors and tensors without
-    data (meta) are left out; sparse, nested and quantized tensors are read through their
-    stored values (:func:`~lightning_triage.functional.tensors.plain_values`).
+    One multi-tensor ``inf``-norm (:func:`~lightning_triage._torch_compat.foreach_norms`).
+    Empty tensors and tensors without data (meta) are left out; sparse, nested and quantized
+    tensors are read through their stored values (:func:`~lightning_triage.functional.tensors.plain_values`).
 
     Example:
         >>> [float(p) for p in abs_peaks([torch.tensor([1.0, -3.0]), torch.tensor([2.0])])]
@@ -59,10 +59,7 @@ def abs_peaks(tensors: Iterable[Tensor]) -> list[Tensor]:
     if not items:
         return []
     with torch.no_grad():
-        foreach_norm = getattr(torch, "_foreach_norm", None)
-        if foreach_norm is not None:
-            return list(foreach_norm(items, math.inf))
-        return [torch.linalg.vector_norm(t, math.inf) for t in items]
+        return foreach_norms(items, math.inf)
 
 
 def max_abs(tensors: Iterable[Tensor]) -> Tensor | None:

@@ -35,7 +35,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lightning_triage.findings import CODES, Finding, RemedyKind, start_here
+from lightning_triage.findings import CODES, Finding, RemedyKind
+from lightning_triage.ranking import start_here
 
 RemedyVerdict = Literal["confirmed", "not confirmed", "inconclusive", "skipped"]
 REMEDY_VERDICTS: tuple[RemedyVerdict, ...] = ("confirmed", "not confirmed", "inconclusive",

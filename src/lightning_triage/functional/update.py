@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from lightning_triage._torch_compat import foreach_norms
 from lightning_triage.functional.verdict import Verdict
 from lightning_triage.functional.wiring import describe_groups, group_by_module
 
@@ -76,7 +77,7 @@ def tensor_norms(tensors: Sequence[Tensor | None]) -> Tensor:
     dtype = torch.float64 if wide else torch.float32
     with torch.no_grad():
         fused = [t for t in present if t.layout == torch.strided and t.dtype in _FUSED]
-        norms = iter(torch._foreach_norm(fused, 2, dtype=torch.float32) if fused else ())
+        norms = iter(foreach_norms(fused, 2, dtype=torch.float32) if fused else ())
         zero = torch.zeros((), dtype=dtype, device=device)
         out = []
         for t in tensors:
