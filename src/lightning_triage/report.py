@@ -173,7 +173,8 @@ def _outputs_text(entry: dict[str, Any]) -> str:
     if entry.get("deterministic"):
         return "identical"
     diff = entry.get("difference")
-    return f"differ by {100 * diff:.3g}%" if isinstance(diff, (int, float)) else "differ"
+    return (f"differ (largest difference {diff:.3g} of the output's magnitude)"
+            if isinstance(diff, (int, float)) else "differ")
 
 
 def _eval_trial_text(remedy: dict[str, Any], before: dict[str, Any],
@@ -204,7 +205,9 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
         ...     "verdict": "confirmed", "change": "...", "reason": "",
         ...     "before": {"deterministic": False, "difference": 0.7, "loss": 2.47},
         ...     "after": {"deterministic": True, "difference": 0.0, "loss": 2.41}})[58:]
-        'validation outputs from two random states differ by 70% -> identical, validation loss 2.47 -> 2.41'
+        ... # doctest: +NORMALIZE_WHITESPACE
+        "validation outputs from two random states differ (largest difference 0.7 of the
+        output's magnitude) -> identical, validation loss 2.47 -> 2.41"
         >>> remedy_line("structure.causal_leak", None)[:55]
         'no remedy trial needed: the evidence is already causal '
     """

@@ -180,8 +180,9 @@ def _eval_symptom(kind: RemedyKind, passes: EvalPasses) -> str | None:
     """What of the symptom the passes show (``None``: nothing)."""
     shown = []
     if not passes.deterministic:
-        shown.append(f"differ between two random states by {100 * passes.difference:.3g}% "
-                     f"(first at {_where(passes.differs_at)})" if math.isfinite(passes.difference)
+        shown.append(f"differ between two random states (largest difference "
+                     f"{passes.difference:.3g} of the output's magnitude, first at "
+                     f"{_where(passes.differs_at)})" if math.isfinite(passes.difference)
                      else f"differ between two random states (first at {_where(passes.differs_at)})")
     if kind == "eval_mode" and passes.buffers_changed:
         listed = ", ".join(f"`{b}`" for b in passes.buffers_changed[:4])
@@ -207,8 +208,9 @@ def decide_eval_remedy(kind: RemedyKind, as_is: EvalPasses, remedied: EvalPasses
         >>> d.verdict
         'confirmed'
         >>> print(d.reason)  # doctest: +NORMALIZE_WHITESPACE
-        the validation outputs differ between two random states by 40% (first at `fc2`); with
-        the remedy they are identical, and the validation loss goes 0.7 -> 0.52 (-26%)
+        the validation outputs differ between two random states (largest difference 0.4 of the
+        output's magnitude, first at `fc2`); with the remedy they are identical, and the
+        validation loss goes 0.7 -> 0.52 (-26%)
         >>> decide_eval_remedy("gate_dropout", random, random).verdict
         'inconclusive'
     """
