@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -19,6 +20,7 @@ import lightning_triage.callbacks.eval_mode as eval_mode
 from lightning_triage import Triage, TriageConfigError
 from lightning_triage.findings import CODES
 from lightning_triage.functional.remedy import EvalPasses, decide_eval_remedy
+from lightning_triage.schema import REPORT_SCHEMA
 from tests.callbacks.eval_models import DigitsNet, digits_loaders
 from tests.helpers import make_trainer, seeds
 from tests.probe_models import Classifier, TrainInValidation, cnn, digits
@@ -101,6 +103,7 @@ def test_the_mode_remedy_is_confirmed_on_a_copy(tmp_path: Path, name: str, seed:
         assert before["buffers_changed"] == 3
     assert before["loss"] != after["loss"]
     assert "remedy_trial" not in lead["evidence"]  # moved into the block, not kept twice
+    jsonschema.validate(report, REPORT_SCHEMA)
     md = (tmp_path / "triage_report.md").read_text()
     assert "Remedy: confirmed on a copy: " in md
     assert "validation outputs from two random states differ (largest difference" in md
