@@ -27,11 +27,14 @@ SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 #: the median norm the replay saw), ``"standardize_input"`` (the main input standardized per
 #: channel with the recorded batches' statistics), ``"zero_grads"`` (the gradients zeroed before
 #: every backward), ``"add_params"`` (the parameters no optimizer holds added to a param group).
+#: The mode stage's, tried by the check at its probe: ``"eval_mode"`` (the validation path with
+#: every layer in eval mode), ``"gate_dropout"`` (its dropout calls gated on the mode).
 RemedyKind = Literal["lr_down", "lr_up", "lr_down_clip", "standardize_input", "zero_grads",
-                     "add_params", "float32_replay", "causal", "none"]
+                     "add_params", "eval_mode", "gate_dropout", "float32_replay", "causal",
+                     "none"]
 REMEDY_KINDS: tuple[RemedyKind, ...] = ("lr_down", "lr_up", "lr_down_clip", "standardize_input",
-                                        "zero_grads", "add_params", "float32_replay", "causal",
-                                        "none")
+                                        "zero_grads", "add_params", "eval_mode", "gate_dropout",
+                                        "float32_replay", "causal", "none")
 
 
 @dataclass(frozen=True)
@@ -297,14 +300,16 @@ _SPECS: tuple[CodeSpec, ...] = (
           "validation results are noisy and the running statistics absorb validation data. Remove the "
           "`.train()` call from the validation hooks: Lightning puts the model in eval mode itself.",
           when="A dropout layer with `p > 0`, a BatchNorm layer that tracks running statistics, or an "
-               "`nn.MultiheadAttention` with dropout is in training mode during validation."),
+               "`nn.MultiheadAttention` with dropout is in training mode during validation.",
+          remedy="eval_mode"),
     _spec("mode.nondeterministic_eval", "warning", "Evaluation is random in eval mode",
           "Gate the randomness on the mode: `F.dropout(x, p, training=self.training)`, "
           "`scaled_dot_product_attention(..., dropout_p=self.p if self.training else 0.0)`, "
           "noise layers only `if self.training`. If evaluation is random on purpose (MC dropout, "
           "test-time augmentation), pass `stochastic_eval=True`.",
           when="The same validation examples, run twice in eval mode from two random states, "
-               "give different outputs."),
+               "give different outputs.",
+          remedy="gate_dropout"),
     _spec("mode.eval_loss_gap", "warning", "The evaluated model is not the model that trains",
           "Look for a path only eval mode takes: BatchNorm running statistics never updated "
           "(`momentum=0`, `track_running_stats` buffers overwritten or frozen), a weight "

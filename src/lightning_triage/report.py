@@ -162,6 +162,32 @@ def _loss_text(entry: Any) -> str:
     return f"{float(entry['loss']):.4g}"
 
 
+_EVAL_CHANGES = {"eval_mode": "every layer in eval mode",
+                 "gate_dropout": "the dropout calls gated on the mode"}
+
+
+def _outputs_text(entry: dict[str, Any]) -> str:
+    if entry.get("deterministic"):
+        return "identical"
+    diff = entry.get("difference")
+    return (f"differ (largest difference {diff:.3g} of the output's magnitude)"
+            if isinstance(diff, (int, float)) else "differ")
+
+
+def _eval_trial_text(remedy: dict[str, Any], before: dict[str, Any],
+                     after: dict[str, Any]) -> str:
+    """A mode-stage trial (two validation passes from two random states, each way)."""
+    text = (f"{_EVAL_CHANGES.get(str(remedy.get('kind')), remedy.get('change', ''))}, "
+            f"validation outputs from two random states {_outputs_text(before)} -> "
+            f"{_outputs_text(after)}")
+    if before.get("buffers_changed"):
+        text += (f", running statistics updated ({before['buffers_changed']}) -> "
+                 f"{after.get('buffers_changed') or 'none'}")
+    if isinstance(before.get("loss"), (int, float)) and isinstance(after.get("loss"), (int, float)):
+        text += f", validation loss {before['loss']:.4g} -> {after['loss']:.4g}"
+    return text
+
+
 def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
     """One line on the remedy trial of a finding, for the console, the Markdown and the HTML
     (``None``: nothing to say). Codes whose evidence is causal say so without a trial.
@@ -172,6 +198,13 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
         ...     "before": {"lr": 0.1, "loss": 4.1, "finite": True, "steps": 30},
         ...     "after": {"lr": 0.01, "loss": 0.62, "finite": True, "steps": 30}, "reason": ""})
         'confirmed on a copy: lr 0.1 -> 0.01, loss after 30 steps 4.1 -> 0.62'
+        >>> remedy_line("mode.nondeterministic_eval", {"kind": "gate_dropout",
+        ...     "verdict": "confirmed", "change": "...", "reason": "",
+        ...     "before": {"deterministic": False, "difference": 0.7, "loss": 2.47},
+        ...     "after": {"deterministic": True, "difference": 0.0, "loss": 2.41}})[58:]
+        ... # doctest: +NORMALIZE_WHITESPACE
+        "validation outputs from two random states differ (largest difference 0.7 of the
+        output's magnitude) -> identical, validation loss 2.47 -> 2.41"
         >>> remedy_line("structure.causal_leak", None)[:55]
         'no remedy trial needed: the evidence is already causal '
     """
@@ -189,6 +222,8 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
     before, after = remedy.get("before") or {}, remedy.get("after") or {}
     if remedy.get("kind") == "float32_replay":
         return f"{verdict} on a copy: the failing step is finite when replayed in float32"
+    if "deterministic" in before:
+        return f"{verdict} on a copy: " + _eval_trial_text(remedy, before, after)
     text = f"{verdict} on a copy: "
     if isinstance(before.get("lr"), (int, float)) and isinstance(after.get("lr"), (int, float)) \
             and before["lr"] != after["lr"]:

@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -27,10 +27,12 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
 from lightning_triage._compat import grad_scaler, is_overridden
+from lightning_triage.callbacks._mode_remedy import CHANGES as MODE_CHANGES
 from lightning_triage.findings import Finding, sort_findings
 from lightning_triage.functional.batch import locate_batch
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.functional.remedy import (
+    EVAL_KINDS,
     EXPERIMENT_KINDS,
     LR_KINDS,
     RemedyDecision,
@@ -536,6 +538,17 @@ def float32_block(finding: Finding) -> dict[str, Any]:
     }
 
 
+def eval_block(finding: Finding, kind: str) -> dict[str, Any]:
+    """A mode-stage lead's block: the trial its check ran at the probe, when the problem was
+    found (its ``remedy_trial`` evidence; see :mod:`~lightning_triage.callbacks._mode_remedy`)."""
+    trial = finding.evidence.get("remedy_trial")
+    if isinstance(trial, dict) and trial.get("kind") == kind and "verdict" in trial:
+        return dict(trial)
+    return {"kind": kind, "change": MODE_CHANGES[kind], "verdict": "skipped",
+            "reason": f"`{finding.check}` ran no trial when it found the problem "
+                      "(`verify_remedy=False`, or a report from an earlier version)"}
+
+
 def _other_settings(trainer: pl.Trainer) -> str:
     """The run's settings besides the learning rate that shape every update (facts for the
     reader of a learning-rate lead the trial did not confirm)."""
@@ -568,6 +581,11 @@ def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Re
     kind = remedy_kind(lead)
     if kind == "float32_replay":
         block = float32_block(lead)
+    elif kind in EVAL_KINDS:
+        block = eval_block(lead, kind)
+        # the check's trial becomes the lead's block (once in the report, not twice)
+        findings[index] = replace(findings[index], evidence={
+            k: v for k, v in findings[index].evidence.items() if k != "remedy_trial"})
     elif kind in EXPERIMENT_KINDS:
         try:
             block = run_trial(trainer, pl_module, recorder, kind)
@@ -589,4 +607,4 @@ def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Re
     return findings
 
 
-__all__ = ["RemedyRecorder", "float32_block", "run_trial", "unavailable", "verify_lead"]
+__all__ = ["RemedyRecorder", "eval_block", "float32_block", "run_trial", "unavailable", "verify_lead"]

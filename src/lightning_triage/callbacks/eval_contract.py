@@ -16,6 +16,7 @@ from typing_extensions import override
 
 from lightning_triage._compat import forward_context, hook_takes, is_overridden
 from lightning_triage.callbacks._args import BundleArg, check_batch_keys, check_bool, check_int, passes
+from lightning_triage.callbacks._mode_remedy import eval_remedy_trial
 from lightning_triage.callbacks._shared import loss_from_outputs, validate_task
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, split_batch
@@ -66,7 +67,10 @@ class EvalContractCheck(TriageCallback):
        agrees: the difference comes from the random state), ``mode.nondeterministic_eval``
        names the first module whose output differs, or the module calling it when its input
        already differed (a functional dropout or noise that ignores ``self.training``). Layers
-       left in training mode are :class:`EvalModeCheck`'s finding, not this one.
+       left in training mode are :class:`EvalModeCheck`'s finding, not this one. When it
+       finds randomness, it tries the remedy right there (``verify_remedy``): the same passes
+       from two random states with the dropout calls gated on the mode; the result is the
+       finding's ``remedy_trial`` evidence (docs/remedies.md).
     2. **Eval path** (each validation run until one at ``min_steps`` or later): the user's
        ``training_step`` on the same examples in eval mode and in training mode (same random
        state). ``mode.eval_loss_gap`` when the eval-mode loss is at least twice the
@@ -87,6 +91,7 @@ class EvalContractCheck(TriageCallback):
         target_key: where the targets are, likewise.
         max_examples: the probes use at most this many validation examples.
         min_steps: the loss gap is judged at a validation run at this optimizer step or later.
+        verify_remedy: try the remedy on copies when evaluation is found random.
         strict: raise internal errors instead of disabling the check.
 
     Raises:
@@ -107,8 +112,9 @@ class EvalContractCheck(TriageCallback):
     stage: ClassVar[str] = "mode"
     codes: ClassVar[tuple[str, ...]] = ("mode.nondeterministic_eval", "mode.eval_loss_gap")
     # how `Triage` builds this check (TriageCallback.bundle_args)
-    bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
-        "stochastic_eval", "task", "num_classes", "input_key", "target_key")
+    bundle_args: ClassVar[Mapping[str, BundleArg]] = {
+        **passes("stochastic_eval", "task", "num_classes", "input_key", "target_key"),
+        "verify_remedy": "verify_remedies"}
 
     state_key_args = ("stochastic_eval", "task", "num_classes", "input_key", "target_key")
 
@@ -123,10 +129,12 @@ class EvalContractCheck(TriageCallback):
         target_key: BatchKey | None = None,
         max_examples: int = 8,
         min_steps: int = GAP_MIN_STEPS,
+        verify_remedy: bool = True,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
         check_bool("stochastic_eval", stochastic_eval)
+        check_bool("verify_remedy", verify_remedy)
         validate_task(task, num_classes)
         check_int("ignore_index", ignore_index)
         check_batch_keys(input_key=input_key, target_key=target_key)
@@ -140,6 +148,7 @@ class EvalContractCheck(TriageCallback):
         self.target_key = target_key
         self.max_examples = max_examples
         self.min_steps = min_steps
+        self.verify_remedy = verify_remedy
         self.determinism: str | None = None
         self.gap_runs: list[GapRun] = []
         self.gap_done = False
@@ -226,9 +235,14 @@ class EvalContractCheck(TriageCallback):
         inputs = split_batch(batch, self.input_key, self.target_key).inputs
         n = min(self.max_examples, int(inputs.shape[0])) if inputs is not None \
             and inputs.dim() > 0 else self.max_examples
+        extra: dict[str, Any] = {}
+        if self.verify_remedy:
+            extra["remedy_trial"] = eval_remedy_trial(
+                trainer, pl_module, batch, "gate_dropout", max_examples=self.max_examples,
+                input_key=self.input_key, target_key=self.target_key)
         self.add_verdict(trainer, nondeterministic_eval(
             divergence, examples=n, root=type(pl_module).__name__, step=trainer.global_step),
-            sanity_check=bool(trainer.sanity_checking))
+            sanity_check=bool(trainer.sanity_checking), **extra)
         return f"random: first differs at `{divergence.call.name or type(pl_module).__name__}`"
 
     # ------------------------------------------------------------------ loss gap

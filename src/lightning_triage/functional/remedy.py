@@ -53,6 +53,10 @@ EXPERIMENT_KINDS: frozenset[str] = frozenset({"lr_down", "lr_up", "lr_down_clip"
 DIRECT_KINDS: frozenset[str] = frozenset({"zero_grads", "add_params"})
 #: The kinds whose change is a learning-rate factor (tried 10, 100, 1000).
 LR_KINDS: frozenset[str] = frozenset({"lr_down", "lr_up", "lr_down_clip"})
+#: The mode stage's kinds: the validation path run on copies from two random states, as it is
+#: and with the remedy, by the check that found the problem, at the probe (the trial travels in
+#: the finding's evidence as ``remedy_trial``; the report moves the lead's into its block).
+EVAL_KINDS: frozenset[str] = frozenset({"eval_mode", "gate_dropout"})
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,113 @@ class RemedyDecision:
     reason: str
     factor: float | str | None = None
     tried: tuple[float | str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EvalPasses:
+    """Two passes of the validation path over the same examples from random states A and B.
+
+    Attributes:
+        difference: the largest relative difference of a module output between the two passes
+            (0: identical).
+        differs_at: the first module whose output differs (``None``: deterministic; ``""`` is
+            the model itself).
+        losses: the validation loss of each pass (empty when the path returned or logged none).
+        buffers_changed: the buffers (running statistics) a pass changed.
+    """
+
+    difference: float
+    differs_at: str | None
+    losses: tuple[float, ...] = ()
+    buffers_changed: tuple[str, ...] = ()
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether both passes gave the same outputs."""
+        return self.differs_at is None
+
+    @property
+    def loss(self) -> float | None:
+        """The mean validation loss of the passes (``None``: none seen)."""
+        finite = [v for v in self.losses if math.isfinite(v)]
+        return sum(finite) / len(finite) if finite else None
+
+    def summary(self) -> dict[str, Any]:
+        """The report's ``before``/``after`` entry."""
+        return {"passes": 2, "deterministic": self.deterministic,
+                "difference": self.difference if math.isfinite(self.difference) else None,
+                "differs_at": self.differs_at, "loss": self.loss,
+                "buffers_changed": len(self.buffers_changed)}
+
+
+def _where(name: str | None) -> str:
+    return f"`{name}`" if name else "the model's output"
+
+
+def _eval_symptom(kind: RemedyKind, passes: EvalPasses) -> str | None:
+    """What of the symptom the passes show (``None``: nothing)."""
+    shown = []
+    if not passes.deterministic:
+        shown.append(f"differ between two random states (largest difference "
+                     f"{passes.difference:.3g} of the output's magnitude, first at "
+                     f"{_where(passes.differs_at)})" if math.isfinite(passes.difference)
+                     else f"differ between two random states (first at {_where(passes.differs_at)})")
+    if kind == "eval_mode" and passes.buffers_changed:
+        listed = ", ".join(f"`{b}`" for b in passes.buffers_changed[:4])
+        shown.append(f"update {len(passes.buffers_changed)} running statistic(s) ({listed})")
+    return " and ".join(shown) or None
+
+
+def decide_eval_remedy(kind: RemedyKind, as_is: EvalPasses, remedied: EvalPasses
+                       ) -> RemedyDecision:
+    """The verdict of a mode-stage remedy (``"eval_mode"``: the layers in eval mode;
+    ``"gate_dropout"``: the dropout calls gated on the mode) over two passes each.
+
+    The as-is passes must show the symptom (outputs that differ between the random states; for
+    ``eval_mode`` also running statistics that a pass updates), or the verdict is
+    ``"inconclusive"``. The remedy cures it when its passes are identical and update nothing:
+    ``"confirmed"``, with the validation loss before and after. Otherwise ``"inconclusive"``,
+    never ``"not confirmed"``: the finding is a fact seen on the copy (layers in training mode,
+    outputs that differ), and a remedy that leaves other randomness does not refute it.
+
+    Example:
+        >>> random = EvalPasses(0.4, "fc2", (0.71, 0.69))
+        >>> d = decide_eval_remedy("gate_dropout", random, EvalPasses(0.0, None, (0.52, 0.52)))
+        >>> d.verdict
+        'confirmed'
+        >>> print(d.reason)  # doctest: +NORMALIZE_WHITESPACE
+        the validation outputs differ between two random states (largest difference 0.4 of the
+        output's magnitude, first at `fc2`); with the remedy they are identical, and the
+        validation loss goes 0.7 -> 0.52 (-26%)
+        >>> decide_eval_remedy("gate_dropout", random, random).verdict
+        'inconclusive'
+    """
+    label = "eval mode" if kind == "eval_mode" else "dropout gated"
+    shown = _eval_symptom(kind, as_is)
+    if shown is None:
+        return RemedyDecision("inconclusive", "the validation outputs are identical from two "
+                              "random states" + (" and no running statistic moved" if
+                                                 kind == "eval_mode" else "")
+                              + " on the copy: the symptom did not reproduce, so the remedy "
+                              "cannot be judged", None, (label,))
+    what = f"the validation outputs {shown}"
+    left = _eval_symptom(kind, remedied)
+    if left is None:
+        before, after = as_is.loss, remedied.loss
+        change = ""
+        if before is not None and after is not None:
+            rel = f" ({100 * (after - before) / abs(before):+.0f}%)" if before else ""
+            change = f", and the validation loss goes {_fmt(before)} -> {_fmt(after)}{rel}"
+        return RemedyDecision("confirmed", f"{what}; with the remedy they are identical"
+                              + (" and no running statistic moves" if kind == "eval_mode"
+                                 and as_is.buffers_changed else "") + change, label, (label,))
+    other = ("a source of randomness besides the layers left in training mode" if kind ==
+             "eval_mode" else "randomness that is not a dropout call (noise drawn with "
+             "`torch.rand*`/`randn*`, sampling)")
+    return RemedyDecision("inconclusive", f"{what}; with the remedy they still "
+                          f"{left}: {other}, which only an edit of the code removes. The "
+                          "finding is a fact seen on the copy: this does not refute it",
+                          None, (label,))
 
 
 def remedy_kind(finding: Finding) -> RemedyKind:
@@ -369,14 +480,17 @@ def with_remedy(finding: Finding, block: dict[str, Any]) -> Finding:
 
 __all__ = [
     "DIRECT_KINDS",
+    "EVAL_KINDS",
     "EXPERIMENT_KINDS",
     "LR_KINDS",
     "REMEDY_VERDICTS",
+    "EvalPasses",
     "RemedyDecision",
     "RemedyThresholds",
     "RemedyVerdict",
     "Replay",
     "channel_stats",
+    "decide_eval_remedy",
     "decide_remedy",
     "input_scale_symptom",
     "next_candidate",
