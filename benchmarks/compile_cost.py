@@ -17,37 +17,16 @@ import statistics
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor
 
 from lightning_triage import Triage
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
-
-
-class Counting:
-    """Inductor, counting the graphs it compiles and the calls of compiled code."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-        self.calls = 0
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Callable[..., Any]:
-        from torch._inductor.compile_fx import compile_fx
-
-        self.graphs += 1
-        compiled = compile_fx(gm, example_inputs)
-
-        def run(*args: Any) -> Any:
-            self.calls += 1
-            return compiled(*args)
-
-        return run
+from lightning_triage.testing import CountingBackend
 
 
 def one_fit(with_triage: bool, root: Path, cold: bool) -> dict[str, Any]:
@@ -56,7 +35,7 @@ def one_fit(with_triage: bool, root: Path, cold: bool) -> dict[str, Any]:
 
     torch._dynamo.reset()
     counters.clear()
-    backend = Counting()
+    backend = CountingBackend("inductor")
     pl.seed_everything(0, verbose=False)
     model = DigitsMLP(lr=0.1)
     model.net = torch.compile(model.net, backend=backend)

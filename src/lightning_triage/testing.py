@@ -1,4 +1,5 @@
-"""Test helpers: assert that a triage report is clean, for smoke-test trainings in CI.
+"""Test helpers: assert that a triage report is clean, for smoke-test trainings in CI; count
+what ``torch.compile`` compiles, to assert that a callback adds no recompilation.
 
 Example:
     >>> from lightning_triage.findings import Finding
@@ -22,8 +23,10 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import torch
 
 from lightning_triage.report import (
     FailOn,
@@ -74,4 +77,45 @@ def assert_no_findings(report: Mapping[str, Any] | str | os.PathLike[str] | Any,
         raise TriageGateError(bad, severity, path)
 
 
-__all__ = ["assert_no_findings"]
+class CountingBackend:
+    """A ``torch.compile`` backend that counts the graphs it compiles and the calls of the
+    compiled code (one per compiled forward), compiling with inductor (``"inductor"``) or not at
+    all (``"eager"``: the captured graph runs as it is; fast, no C compiler needed).
+
+    A run watched by lightning-triage compiles exactly the graphs the bare run compiles and calls
+    them as often: compare ``graphs`` and ``calls`` of the two fits.
+
+    Args:
+        compiler: ``"inductor"`` or ``"eager"``.
+
+    Example:
+        >>> backend = CountingBackend("eager")
+        >>> f = torch.compile(lambda x: x * 2, backend=backend)
+        >>> _ = f(torch.ones(3)), f(torch.ones(3))
+        >>> backend.graphs, backend.calls
+        (1, 2)
+    """
+
+    def __init__(self, compiler: str = "inductor") -> None:
+        if compiler not in ("inductor", "eager"):
+            raise ValueError(f"`compiler` must be 'inductor' or 'eager', got {compiler!r}")
+        self.compiler = compiler
+        self.graphs = 0
+        self.calls = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+        self.graphs += 1
+        compiled: Callable[..., Any] = gm.forward
+        if self.compiler == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+
+            compiled = compile_fx(gm, example_inputs)  # type: ignore[assignment]
+
+        def run(*args: Any) -> Any:
+            self.calls += 1
+            return compiled(*args)
+
+        return run
+
+
+__all__ = ["CountingBackend", "assert_no_findings"]

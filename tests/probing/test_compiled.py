@@ -21,25 +21,9 @@ from lightning_triage.functional.compiled import compiled_parts, traced_by_compi
 from lightning_triage.functional.hooks import HeadCapture
 from lightning_triage.probing import copy_module, probe_module
 from lightning_triage.probing.compiled import eager
+from lightning_triage.testing import CountingBackend
 from tests.probe_models import digits, mlp
 from tests.realmodels.models import problems, quiet_trainer
-
-
-class Counting:
-    """A backend that runs the traced graph as it is, counting graphs and calls."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-        self.calls = 0
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Callable[..., Any]:
-        self.graphs += 1
-
-        def run(*args: Any) -> Any:
-            self.calls += 1
-            return gm.forward(*args)
-
-        return run
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +45,7 @@ class Scale(nn.Module):
 
 
 def test_eager_adds_no_graph_and_no_recompile() -> None:
-    backend = Counting()
+    backend = CountingBackend("eager")
     f = torch.compile(Scale(), backend=backend)
     f(torch.ones(4, 3))
     assert backend.graphs == 1
@@ -75,7 +59,7 @@ def test_eager_adds_no_graph_and_no_recompile() -> None:
 
 def test_a_copy_of_a_module_compiled_in_place_runs_its_own_weights() -> None:
     net = Scale()
-    net.compile(backend=Counting())
+    net.compile(backend=CountingBackend("eager"))
     twin, _ = copy_module(None, nn.Sequential(net))
     with torch.no_grad():
         twin[0].w.fill_(2.0)
@@ -97,7 +81,7 @@ class Tiny(pl.LightningModule):
 
 
 def test_a_copy_of_a_lightning_module_compiled_before_fit_runs_its_own_code() -> None:
-    backend = Counting()
+    backend = CountingBackend("eager")
     module = from_compiled(torch.compile(Tiny(), backend=backend))  # what `fit` does with it
     assert compiled_parts(module) == [""] and "" in traced_by_compile(module)
     twin, _ = copy_module(None, module)
@@ -111,7 +95,7 @@ def test_a_copy_of_a_lightning_module_compiled_before_fit_runs_its_own_code() ->
 
 
 def test_probe_module_runs_eagerly() -> None:
-    backend = Counting()
+    backend = CountingBackend("eager")
     model = nn.Sequential(torch.compile(Scale(), backend=backend))
     model(torch.ones(2, 3))
     with probe_module(None, model) as probe:
@@ -121,7 +105,7 @@ def test_probe_module_runs_eagerly() -> None:
 
 
 def test_head_capture_hooks_only_outside_compiled_code() -> None:
-    backend = Counting()
+    backend = CountingBackend("eager")
     model = nn.Sequential(nn.Linear(3, 3), torch.compile(Scale(), backend=backend))
     capture = HeadCapture()
     capture.start(model, targets=None)
@@ -138,7 +122,7 @@ def test_head_capture_hooks_only_outside_compiled_code() -> None:
 
 
 class Digits(pl.LightningModule):
-    def __init__(self, backend: Counting) -> None:
+    def __init__(self, backend: CountingBackend) -> None:
         super().__init__()
         self.net = torch.compile(mlp(), backend=backend)
 
@@ -159,7 +143,7 @@ def test_triage_adds_no_graph_to_a_compiled_fit(tmp_path: Path) -> None:
     for callbacks in ([], [Triage(report_dir=tmp_path, strict=True, verbose=False,
                                   overfit_time_budget=120.0)]):
         torch._dynamo.reset()
-        backend = Counting()
+        backend = CountingBackend("eager")
         pl.seed_everything(0, verbose=False)
         model = Digits(backend)
         quiet_trainer(tmp_path, callbacks, max_epochs=1, limit_train_batches=5,
@@ -196,7 +180,7 @@ class NaNOnCall:
 
 def test_a_nan_only_the_compiled_code_makes_is_found_and_the_reason_named(tmp_path: Path) -> None:
     tracer = NonFiniteTracer(strict=True)
-    model = Digits(Counting())
+    model = Digits(CountingBackend("eager"))
     model.net = torch.compile(mlp(), backend=NaNOnCall(bad=4))
     quiet_trainer(tmp_path, [tracer], max_epochs=1, limit_train_batches=6,
                   limit_val_batches=0).fit(model, digits()[0])

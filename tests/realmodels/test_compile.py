@@ -12,7 +12,7 @@ softmax are caught; their fixed twins stay silent.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from lightning_triage import NonFiniteTracer, Triage
+from lightning_triage.testing import CountingBackend
 from tests.callbacks.structure_models import DecoderLM, next_token_loader
 from tests.callbacks.test_nonfinite_tracer import Growing
 from tests.callbacks.test_nonfinite_tracer import data as tracer_data
@@ -33,27 +34,6 @@ from tests.realmodels.models import problems, quiet_trainer
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(cc) for cc in ("cc", "gcc", "g++", "clang")),
     reason="inductor needs a C++ compiler")
-
-
-class CountingInductor:
-    """A ``torch.compile`` backend: inductor, counting the graphs it compiles and the calls of
-    the compiled code (forward graphs only: one call per compiled forward)."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-        self.calls = 0
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Callable[..., Any]:
-        from torch._inductor.compile_fx import compile_fx
-
-        self.graphs += 1
-        compiled = compile_fx(gm, example_inputs)
-
-        def run(*args: Any) -> Any:
-            self.calls += 1
-            return compiled(*args)
-
-        return run
 
 
 @contextmanager
@@ -78,7 +58,7 @@ class CompiledClassifier(pl.LightningModule):
     in `__init__`), ``"configure_model"`` (the same in `configure_model`), ``"fit"`` (the whole
     LightningModule passed to `fit` compiled)."""
 
-    def __init__(self, where: str, backend: CountingInductor) -> None:
+    def __init__(self, where: str, backend: CountingBackend) -> None:
         super().__init__()
         self.where, self.backend = where, backend
         self.net = mlp()
@@ -105,8 +85,8 @@ class CompiledClassifier(pl.LightningModule):
 
 
 def fit_compiled(tmp_path: Path, where: str, precision: str, with_triage: bool,
-                 cold: bool = False) -> tuple[Tensor, CountingInductor, Triage | None]:
-    backend = CountingInductor()
+                 cold: bool = False) -> tuple[Tensor, CountingBackend, Triage | None]:
+    backend = CountingBackend("inductor")
     callbacks = [Triage(report_dir=tmp_path / "triage", strict=True, verbose=False,
                         overfit_time_budget=120.0)] if with_triage else []
     with fresh_dynamo(cold):
