@@ -122,9 +122,9 @@ def test_head_capture_hooks_only_outside_compiled_code() -> None:
 
 
 class Digits(pl.LightningModule):
-    def __init__(self, backend: CountingBackend) -> None:
+    def __init__(self, backend: CountingBackend, **options: Any) -> None:
         super().__init__()
-        self.net = torch.compile(mlp(), backend=backend)
+        self.net = torch.compile(mlp(), backend=backend, **options)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         x, y = batch
@@ -138,14 +138,17 @@ class Digits(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
-def test_triage_adds_no_graph_to_a_compiled_fit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("options", [{}, {"fullgraph": True}, {"dynamic": True}],
+                         ids=["default", "fullgraph", "dynamic"])
+def test_triage_adds_no_graph_to_a_compiled_fit(tmp_path: Path, options: dict[str, Any]) -> None:
+    # `fullgraph=True` fails the user's step on any graph break: a hook of ours traced there would
     runs = []
     for callbacks in ([], [Triage(report_dir=tmp_path, strict=True, verbose=False,
                                   overfit_time_budget=120.0)]):
         torch._dynamo.reset()
         backend = CountingBackend("eager")
         pl.seed_everything(0, verbose=False)
-        model = Digits(backend)
+        model = Digits(backend, **options)
         quiet_trainer(tmp_path, callbacks, max_epochs=1, limit_train_batches=5,
                       limit_val_batches=1).fit(model, *digits())
         runs.append((backend.graphs, backend.calls,
