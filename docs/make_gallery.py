@@ -386,6 +386,16 @@ class StaleBatchNormMLP(DigitsMLP):
         self.net = nn.Sequential(first, nn.BatchNorm1d(64, momentum=0.0), nn.ReLU(), nn.Linear(64, 10))
 
 
+class OldSpectralNormMLP(DigitsMLP):
+    """Hidden layers under ``torch.nn.utils.spectral_norm``: its power-iteration vectors stay
+    random until the first training-mode forward, so the sanity check evaluates garbage."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        sn = nn.utils.spectral_norm
+        self.net = nn.Sequential(sn(nn.Linear(64, 64)), nn.ReLU(), sn(nn.Linear(64, 10)))
+
+
 class Float32BodyMLP(DigitsMLP):
     """The hidden layers run under ``torch.autocast(enabled=False)``, in float32."""
 
@@ -467,6 +477,8 @@ SCENARIOS: list[Scenario] = [
      D(lambda: FunctionalDropoutMLP(lr=0.1)), {}),
     ("BatchNorm with `momentum=0` (Adam, lr 3e-3)",
      D(lambda: StaleBatchNormMLP(lr=3e-3, optimizer="adam")), {}),
+    ("layers under the old `torch.nn.utils.spectral_norm`, evaluated at the sanity check",
+     D(lambda: OldSpectralNormMLP(lr=0.1)), {}),
     ("hidden layers under `torch.autocast(enabled=False)` in `bf16-mixed`",
      D(lambda: Float32BodyMLP(lr=0.1)), {"precision": "bf16-mixed"}),
     ("256-unit MLP, Adam, 64 training examples, 30 epochs",

@@ -340,6 +340,18 @@ _SPECS: tuple[CodeSpec, ...] = (
           "it is filled.",
           when="The loss of the same validation examples stays far higher in eval mode than in "
                "training mode, and the gap does not shrink as training goes on."),
+    _spec("mode.eval_broken_before_training", "warning",
+          "Evaluation is broken until a training-mode forward has run",
+          "Eval mode reads state that only a training-mode forward sets. For "
+          "`torch.nn.utils.spectral_norm` (power-iteration vectors never iterated before the first "
+          "training forward) use `torch.nn.utils.parametrizations.spectral_norm`, which iterates at "
+          "construction; initialize running buffers to a usable value (a variance of ones, not "
+          "zeros or `torch.empty`); fill caches outside `if self.training`. The named module is "
+          "where the eval-mode output first departs.",
+          when="At the sanity check (or the first validation before `min_steps`), the eval-mode loss "
+               "of the same validation examples is at least 10x the chance level and their "
+               "training-mode loss, which is at most 2x chance (a standard BatchNorm whose running "
+               "statistics are still at their init is not reported)."),
     # 7. curve
     _spec("curve.not_learning", "error", "The loss does not move",
           "The loss stays at its step-0 value: check the learning rate (0?), that the optimizer "
