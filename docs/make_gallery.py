@@ -479,6 +479,8 @@ SCENARIOS: list[Scenario] = [
      D(lambda: StaleBatchNormMLP(lr=3e-3, optimizer="adam")), {}),
     ("layers under the old `torch.nn.utils.spectral_norm`, evaluated at the sanity check",
      D(lambda: OldSpectralNormMLP(lr=0.1)), {}),
+    ("`gradient_clip_val=1e-4` with SGD (gradient norms about 1)", D(mlp()),
+     {"gradient_clip_val": 1e-4}),
     ("hidden layers under `torch.autocast(enabled=False)` in `bf16-mixed`",
      D(lambda: Float32BodyMLP(lr=0.1)), {"precision": "bf16-mixed"}),
     ("256-unit MLP, Adam, 64 training examples, 30 epochs",
@@ -491,13 +493,14 @@ def run(story: str, build: Callable[[], tuple[pl.LightningModule, Any, Any]],
     options = dict(options)
     precision = options.pop("precision", "32-true")
     max_epochs = options.pop("max_epochs", 2)
+    clip = options.pop("gradient_clip_val", None)
     pl.seed_everything(0, verbose=False)
     model, train, val = build()
     triage = Triage(report_dir=root, verbose=False, **options)
     trainer = pl.Trainer(max_epochs=max_epochs, callbacks=[triage], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False,
-                         default_root_dir=root, precision=precision)
+                         default_root_dir=root, precision=precision, gradient_clip_val=clip)
     try:
         trainer.fit(model, train, val)
     except Exception as exc:  # broken runs may crash: the report is written anyway

@@ -53,6 +53,24 @@ _UPDATE_SYMPTOMS: dict[str, frozenset[str]] = {
     "curve.diverging": frozenset({"wiring.grads_not_zeroed"}),
     "curve.lr_too_low": _UPDATE_CAUSES,
 }
+# --- issue 35: clipping that eats the update (a self-contained block: moves as is) ---------
+# Clipping that keeps ~nothing of the gradient is the cause of a slow or flat loss and of a tiny
+# update-to-weight ratio (a `grad.update_ratio` *below* ~1e-3 only).
+_CLIP_CAUSES = frozenset({"grad.clipping_eats_update"})
+_CLIP_SYMPTOMS: dict[str, frozenset[str]] = {
+    "curve.lr_too_low": _CLIP_CAUSES,
+    "curve.not_learning": _CLIP_CAUSES,
+    "grad.update_ratio": _CLIP_CAUSES,
+}  # not the overfit probe's verdicts: the probe on a copy does not clip
+
+
+def _clip_explainers(f: Finding, others: Sequence[Finding]) -> list[Finding]:
+    if f.code == "grad.update_ratio" and f.evidence.get("direction") != "below":
+        return []
+    return [g for g in others if g.is_problem and g.code in _CLIP_SYMPTOMS.get(f.code, ())]
+# --- end of issue 35 block --------------------------------------------------------------------
+
+
 # Non-finite findings that mark a blow-up at their step (numerics with a layer are added below).
 _BLOW_UPS = frozenset({"curve.diverging", "numerics.nonfinite_loss",
                        "numerics.precision_overflow"})
@@ -86,6 +104,7 @@ def _explainers(f: Finding, findings: Sequence[Finding]) -> list[str]:
     """The codes of the findings that explain ``f`` (empty: ``f`` is not explained)."""
     others = [g for g in findings if g is not f and g.code != f.code]
     update = [g for g in others if g.is_problem and g.code in _UPDATE_SYMPTOMS.get(f.code, ())]
+    update += _clip_explainers(f, others)  # issue 35 block
     if update:  # a broken update contract explains the symptom before anything else
         found = update
     elif f.code in ("overfit.failed", "overfit.inconclusive"):
@@ -133,6 +152,9 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
     - ``curve.loss_spike``, ``grad.exploding``, ``grad.spike``: explained by a blow-up (a
       localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
       same step or at most :data:`SPIKE_WINDOW` steps later.
+    - ``curve.lr_too_low``, ``curve.not_learning``, ``grad.update_ratio`` (below): explained by
+      ``grad.clipping_eats_update``
+      (a warning: the optimizer's update shrinks with the clipped gradient).
     - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
       whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move
       the first layer).

@@ -420,6 +420,18 @@ _SPECS: tuple[CodeSpec, ...] = (
           "Check biases and init that push ReLUs below zero; try LeakyReLU or a lower LR.",
           when="At least half of the output units of a `Linear`/`Conv` layer never got a non-zero gradient "
                "in the window, or a parameter's gradient was always 0."),
+    _spec("grad.clipping_eats_update", "warning", "Gradient clipping removes nearly all of the update",
+          "Clip at a threshold near the gradient norms the run has (the report's `grad_norm` "
+          "series; a `gradient_clip_val` a few times their median), not orders of magnitude "
+          "below them. Clipping by hand under a gradient scaler: unscale first "
+          "(`scaler.unscale_(opt)` before `clip_grad_norm_`, or Lightning's "
+          "`self.clip_gradients(opt, ...)`, which unscales), else the threshold applies to "
+          "gradients multiplied by the scale.",
+          when="Over the first optimizer steps (5 or more) the clipping keeps a median 5% or less "
+               "of the total gradient norm: Lightning's `gradient_clip_val` (norm) against the "
+               "norms before it, or, under manual optimization, the norm at the optimizer step "
+               "against the unscaled norm backward produced. Info for optimizers whose update "
+               "does not scale with the gradient (Adam, RMSprop...)."),
     _spec("grad.update_ratio", "warning", "Update-to-weight ratio far from ~1e-3",
           "Far above: lower the learning rate; far below: raise it (per layer in the evidence).",
           when="A layer's median ratio of update norm to weight norm (sampled every 10 steps) is below "
