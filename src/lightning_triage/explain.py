@@ -53,10 +53,13 @@ _UPDATE_SYMPTOMS: dict[str, frozenset[str]] = {
     "curve.diverging": frozenset({"wiring.grads_not_zeroed"}),
     "curve.lr_too_low": _UPDATE_CAUSES,
 }
-# --- issue 35: clipping that eats the update (a self-contained block: moves as is) ---------
+# --- issue 35: clipping that eats the update, freezing that starts late ----------------------
+# (a self-contained block: it moves to the ranking module as it is)
 # Clipping that keeps ~nothing of the gradient is the cause of a slow or flat loss and of a tiny
 # update-to-weight ratio (a `grad.update_ratio` *below* ~1e-3 only).
-_CLIP_CAUSES = frozenset({"grad.clipping_eats_update"})
+# Parameters frozen after the first steps stop moving: a tiny update ratio of their layers and,
+# when everything was frozen, a flat loss.
+_CLIP_CAUSES = frozenset({"grad.clipping_eats_update", "wiring.frozen_late"})
 _CLIP_SYMPTOMS: dict[str, frozenset[str]] = {
     "curve.lr_too_low": _CLIP_CAUSES,
     "curve.not_learning": _CLIP_CAUSES,
@@ -153,8 +156,8 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
       localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
       same step or at most :data:`SPIKE_WINDOW` steps later.
     - ``curve.lr_too_low``, ``curve.not_learning``, ``grad.update_ratio`` (below): explained by
-      ``grad.clipping_eats_update``
-      (a warning: the optimizer's update shrinks with the clipped gradient).
+      ``grad.clipping_eats_update`` (a warning: the update shrinks with the clipped gradient)
+      and by ``wiring.frozen_late`` (parameters frozen after the first steps stop moving).
     - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
       whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move
       the first layer).

@@ -250,6 +250,17 @@ _SPECS: tuple[CodeSpec, ...] = (
           "in-place edits of them.",
           when="A parameter with `requires_grad=False` or in no optimizer changes in the first "
                "steps."),
+    _spec("wiring.frozen_late", "warning", "Parameters were frozen after they had trained",
+          "Freeze before the first optimizer step: call the freezing code (`requires_grad_(False)`, "
+          "`_freeze_stages()`) in `__init__`, `configure_model` or `setup`, not only in a `train()` "
+          "override (Lightning first calls `train()`/`eval()` at the first validation) or a later "
+          "hook; put frozen BatchNorm layers in eval mode from the start too. Reload the weights "
+          "they had before training if they are pretrained.",
+          when="Parameters trainable (and held by an optimizer) at the first training batch have "
+               "`requires_grad=False` later (seen at a batch start in the first steps, an epoch "
+               "start or a validation end) after optimizer steps changed their norms; info when "
+               "they trained for more than one full epoch first (a freeze schedule), silent for "
+               "parameters frozen before the first step and for schedules that unfreeze."),
     _spec("wiring.frozen_batchnorm_in_train", "warning",
           "BatchNorm in a frozen part is in training mode",
           "Lightning calls `model.train()` when training starts: put the frozen part in eval "
@@ -427,11 +438,13 @@ _SPECS: tuple[CodeSpec, ...] = (
           "(`scaler.unscale_(opt)` before `clip_grad_norm_`, or Lightning's "
           "`self.clip_gradients(opt, ...)`, which unscales), else the threshold applies to "
           "gradients multiplied by the scale.",
-          when="Over the first optimizer steps (5 or more) the clipping keeps a median 5% or less "
+          when="Over the first optimizer steps (10 or more) the clipping keeps a median 1% or less "
                "of the total gradient norm: Lightning's `gradient_clip_val` (norm) against the "
                "norms before it, or, under manual optimization, the norm at the optimizer step "
                "against the unscaled norm backward produced. Info for optimizers whose update "
-               "does not scale with the gradient (Adam, RMSprop...)."),
+               "does not scale with the gradient (Adam, RMSprop...); in the report, info unless a "
+               "slow or flat loss (`curve.lr_too_low`, `curve.not_learning`, "
+               "`curve.plateau_at_chance`, `grad.update_ratio`) shows the trouble."),
     _spec("grad.update_ratio", "warning", "Update-to-weight ratio far from ~1e-3",
           "Far above: lower the learning rate; far below: raise it (per layer in the evidence).",
           when="A layer's median ratio of update norm to weight norm (sampled every 10 steps) is below "

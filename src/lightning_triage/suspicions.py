@@ -88,6 +88,13 @@ SUSPICIONS: dict[str, Suspicion] = {s.code: s for s in (
               "so far: info, not a warning.",
               within_steps=SPIKE_WINDOW, shown_by="loss_spike_followed",
               overruled_by=frozenset({"curve.healthy"})),
+    # issue 35: clipping that keeps a small share of the gradient slows an SGD-like update; a
+    # warning only when the run is slow or flat (a short run, a curve that still learns: info)
+    Suspicion("grad.clipping_eats_update",
+              frozenset({"curve.lr_too_low", "curve.not_learning", "curve.plateau_at_chance",
+                         "grad.update_ratio"}),
+              "Nothing in this run shows a slow or flat loss from it so far (the curve and the "
+              "update ratios would): info, not a warning."),
     Suspicion("curve.overfitting", frozenset(),
               "Your callbacks monitor this validation loss (they stop the run or keep the best "
               "checkpoint): info, not a warning.", applies_if="handled_by"),

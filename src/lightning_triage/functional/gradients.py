@@ -546,10 +546,10 @@ def _dead_verdicts(dead_units: Mapping[str, tuple[int, int]], names: list[str],
         layer=worst, evidence={"layers": {k: {"dead": v[0], "units": v[1]} for k, v in bad.items()}})]
 
 #: Clipping eats the update when, over the window, the median fraction of the gradient's norm it
-#: keeps is at most this (at most 5% of the gradient reaches the optimizer)...
-CLIP_KEEP_MAX = 0.05
+#: keeps is at most this (at most 1% of the gradient reaches the optimizer)...
+CLIP_KEEP_MAX = 0.01
 #: ... over at least this many optimizer steps.
-CLIP_MIN_STEPS = 5
+CLIP_MIN_STEPS = 10
 #: Optimizers whose update does not scale with the gradient's norm (per-coordinate
 #: normalization, signs): clipping by a constant factor leaves their update about the same.
 SCALE_INVARIANT_OPTIMIZERS = frozenset({
