@@ -437,6 +437,22 @@ def test_train_val_overlap(tmp_path, digits):
     assert f.evidence["val_examples"] == 256
 
 
+@pytest.mark.parametrize("overfit_batches", [0, 2, 0.1])
+def test_overfit_batches_validating_on_the_training_batches_is_silent(tmp_path, digits,
+                                                                     overfit_batches):
+    # `Trainer(overfit_batches=...)` with the training loader as validation loader: the overlap
+    # is what the user asked for (issue 35); the same loaders without it still overlap
+    x, y, _, _ = digits
+    bi = inspector()
+    pl.seed_everything(0)
+    train = loader(x, y, shuffle=True)
+    fit(tmp_path, DigitsMLP(), train, train, [bi], max_epochs=3, overfit_batches=overfit_batches,
+        limit_train_batches=1.0 if overfit_batches else 8,
+        limit_val_batches=1.0 if overfit_batches else 8)
+    assert ("data.train_val_overlap" in codes(bi.findings)) == (overfit_batches == 0)
+    assert bi.val_fingerprinted > 0
+
+
 def test_train_val_shift(tmp_path, digits, raw_digits):
     x, y, _, _ = digits
     _, _, raw_val, yv = raw_digits  # validation left unstandardized

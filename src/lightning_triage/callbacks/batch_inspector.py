@@ -466,7 +466,11 @@ class BatchInspector(TriageCallback):
                 st.done.add("shift")
                 self._forward(trainer, rules.shift_rule(shift, st.train_moments.count,
                                                         st.val_moments.count))
-        if "overlap" not in st.reported and len(st.train_fps) and len(st.val_fps):
+        # `Trainer(overfit_batches=...)`: validating on the batches it trains on is what the
+        # user asked for (issue 35)
+        overfitting = bool(getattr(trainer, "overfit_batches", 0) or 0)
+        if "overlap" not in st.reported and len(st.train_fps) and len(st.val_fps) \
+                and not overfitting:
             self._forward(trainer, rules.overlap_rule(st.train_fps, st.val_fps), "overlap")
         if shift_only:
             return
