@@ -273,6 +273,14 @@ def constant_loaders() -> Loaders:
     return loaders(x[:1].expand_as(x).clone(), y, xv, yv)
 
 
+def unshifted_token_loaders() -> Loaders:
+    """Token data whose targets are the inputs, for a model that does not shift."""
+    train, val = random_token_loaders()
+    x, xv = train.dataset.tensors[0], val.dataset.tensors[0]  # type: ignore[attr-defined]
+    return (DataLoader(TensorDataset(x, x.clone()), batch_size=32),
+            DataLoader(TensorDataset(xv, xv.clone()), batch_size=32))
+
+
 def overlap_loaders() -> Loaders:
     x, y, _, _ = load_digits_tensors()
     return loaders(x, y, x[:300], y[:300])
@@ -450,6 +458,8 @@ SCENARIOS: list[Scenario] = [
     ("`self.train()` in `on_validation_epoch_start`", D(lambda: TrainModeInValMLP(lr=0.1)), {}),
     ("transformer LM whose attention mask shows the future",
      lambda: (TinyLM(mask="future"), *random_token_loaders()), {}),
+    ("a causal transformer LM trained with `labels = input_ids` and no shift",
+     lambda: (TinyLM(), *unshifted_token_loaders()), {}),
     ("SGD at learning rate 50", D(mlp(50.0)), {}),
     ("SGD at learning rate 1e-5", D(mlp(1e-5)), {}),
     ("hidden biases initialized at -20 (dead ReLUs)", D(lambda: DeadReluMLP(lr=0.1)), {}),

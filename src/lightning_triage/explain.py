@@ -60,9 +60,13 @@ _UPDATE_SYMPTOMS: dict[str, frozenset[str]] = {
 # Parameters frozen after the first steps stop moving: a tiny update ratio of their layers and,
 # when everything was frozen, a flat loss.
 _CLIP_CAUSES = frozenset({"grad.clipping_eats_update", "wiring.frozen_late"})
+# Labels misaligned with the inputs (shifted twice, or not at all): the model learns another
+# task, so a curve that looks slow or stuck at chance is its symptom.
+_LABEL_CAUSES = frozenset({"structure.label_misaligned"})
 _CLIP_SYMPTOMS: dict[str, frozenset[str]] = {
-    "curve.lr_too_low": _CLIP_CAUSES,
-    "curve.not_learning": _CLIP_CAUSES,
+    "curve.lr_too_low": _CLIP_CAUSES | _LABEL_CAUSES,
+    "curve.not_learning": _CLIP_CAUSES | _LABEL_CAUSES,
+    "curve.plateau_at_chance": _LABEL_CAUSES,
     "grad.update_ratio": _CLIP_CAUSES,
 }  # not the overfit probe's verdicts: the probe on a copy does not clip
 
@@ -157,7 +161,9 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
       same step or at most :data:`SPIKE_WINDOW` steps later.
     - ``curve.lr_too_low``, ``curve.not_learning``, ``grad.update_ratio`` (below): explained by
       ``grad.clipping_eats_update`` (a warning: the update shrinks with the clipped gradient)
-      and by ``wiring.frozen_late`` (parameters frozen after the first steps stop moving).
+      and by ``wiring.frozen_late`` (parameters frozen after the first steps stop moving);
+      ``curve.lr_too_low``, ``curve.not_learning``, ``curve.plateau_at_chance``: explained by
+      ``structure.label_misaligned`` (the model learns another task).
     - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
       whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move
       the first layer).

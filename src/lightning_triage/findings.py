@@ -320,6 +320,14 @@ _SPECS: tuple[CodeSpec, ...] = (
           "keep labels out of the features (expected only for label-conditioned models).",
           when="The model's outputs change when only the targets of the batch change.",
           remedy="causal"),
+    _spec("structure.label_misaligned", "error", "Language-model labels are misaligned with the inputs",
+          "Shift the labels once. transformers' causal LMs (`*ForCausalLM`, `GPT2LMHeadModel`) shift "
+          "`labels` inside their loss: pass `labels = input_ids` (with `-100` at padding), not "
+          "`input_ids[:, 1:]`. A model that does not shift needs the shift in your loss: "
+          "`cross_entropy(logits[:, :-1].flatten(0, 1), input_ids[:, 1:].flatten())`.",
+          when="On the structure probe's pass over token inputs, the targets given to the loss lead "
+               "the inputs by two positions (labels shifted twice), or are the inputs themselves "
+               "while the model is causal (no shift: each position sees its own target)."),
     _spec("structure.padding_leak", "warning", "Outputs at real positions depend on the padding",
           "Pass the padding mask to attention (`key_padding_mask`/`attention_mask`), pool over the "
           "real positions only (masked mean), and give padded targets `ignore_index`.",
