@@ -166,7 +166,8 @@ _SPECS: tuple[CodeSpec, ...] = (
           "instead, or keep in mind that the effective batch size (and the gradient noise) "
           "differs from the configured one.",
           when="Training batches that are not the loader's last hold fewer examples than its "
-               "`batch_size` (info when only some of the first batches do)."),
+               "`batch_size` (info when only some of the first batches do); packed sequences "
+               "count the examples their `position_ids` (or `cu_seq_lens`) hold."),
     _spec("data.shared_worker_rng", "warning", "DataLoader workers share one random generator",
           "Give each worker its own generator: create or reseed it in the worker, from "
           "`torch.utils.data.get_worker_info().seed` (in `__getitem__`/`__iter__`, or in a "
