@@ -281,6 +281,14 @@ def unshifted_token_loaders() -> Loaders:
             DataLoader(TensorDataset(xv, xv.clone()), batch_size=32))
 
 
+def clamped_std_loaders() -> Loaders:
+    """Per-pixel standardization dividing by ``std.clamp(min=1e-8)``: a pixel always 0 in
+    training explodes in the validation image that has ink there."""
+    x, y, xv, yv = load_digits_tensors(standardize=False)
+    mean, std = x.mean(0), x.std(0).clamp(min=1e-8)
+    return loaders((x - mean) / std, y, (xv - mean) / std, yv)
+
+
 def overlap_loaders() -> Loaders:
     x, y, _, _ = load_digits_tensors()
     return loaders(x, y, x[:300], y[:300])
@@ -443,6 +451,8 @@ SCENARIOS: list[Scenario] = [
     ("each example repeated 8 times, not shuffled", D(mlp(), duplicate_loaders), {}),
     ("the loader yields the same 32 examples every step", D(mlp(), repeated_loaders), {}),
     ("validation examples taken from the training set", D(mlp(), overlap_loaders), {}),
+    ("per-pixel standardization dividing by a std clamped to 1e-8", D(mlp(), clamped_std_loaders),
+     {}),
     ("validation inputs left as raw pixels",
      D(mlp(), lambda: digits(xv=lambda x: load_digits_tensors(standardize=False)[2])), {}),
     ("logits multiplied by 100", D(mlp(logit_scale=100.0)), {}),

@@ -38,7 +38,10 @@ class DigitsDataModule(pl.LightningDataModule):
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(self.seed))
         n_val = int(len(x) * self.val_fraction)
         val, train = order[:n_val], order[n_val:]
-        mean, std = x[train].mean(0), x[train].std(0).clamp_min(1e-6)
+        mean, std = x[train].mean(0), x[train].std(0)
+        # pixels always 0 in training keep their scale (divided by 1, not by a clamped 1e-6:
+        # a validation image with ink there would land a million training scales away)
+        std = torch.where(std > 0, std, torch.ones_like(std))
         self.train_set = TensorDataset((x[train] - mean) / std, y[train])
         self.val_set = TensorDataset((x[val] - mean) / std, y[val])
 

@@ -145,6 +145,16 @@ _SPECS: tuple[CodeSpec, ...] = (
           "splits.",
           when="Per-feature statistics of the main float input differ between training and validation "
                "batches: median standardized mean difference above 0.5, or median std ratio above 2."),
+    _spec("data.val_outlier", "warning", "A validation example lies far outside the training data",
+          "Look at that example's feature in the validation preprocessing: a standardization that "
+          "divides by a per-feature std clamped to a tiny value (a feature constant in training, "
+          "such as a border pixel, explodes wherever validation has a non-zero value there), a "
+          "unit or scale that differs, a corrupt value. Divide by `std` where it is positive and "
+          "by 1 elsewhere.",
+          when="A value of the validation inputs seen lies at least 1000 training scales from its "
+               "feature's training mean (the scale: the feature's training std, at least the "
+               "median training std over the features), with 64+ training and 32+ "
+               "validation examples seen."),
     _spec("data.label_misalignment", "warning", "Targets look unrelated to the inputs",
           "Check that inputs and labels are indexed together (shuffled separately? sorted "
           "differently? an off-by-one join?). A genuinely near-unpredictable task looks the same: "
