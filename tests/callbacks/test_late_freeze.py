@@ -113,6 +113,16 @@ def test_freezing_from_the_start_is_silent(tmp_path: Path, where: str, seed: int
     assert not _late(check)
 
 
+def test_late_freeze_after_the_window_is_seen_at_the_validation_end(tmp_path: Path) -> None:
+    # the per-batch window (10 batches) is over when the first validation calls `eval()`: the
+    # flags are read again at the validation end and each epoch start
+    check = UpdateContractCheck(window=10, strict=True)
+    _fit(tmp_path, "train", 0, [check])
+    found = _late(check)
+    assert len(found) == 1 and found[0].global_step == 15 and found[0].severity == "warning"
+    assert check.idle  # no per-step work after the window
+
+
 def test_train_override_with_a_sanity_check_freezes_before_training(tmp_path: Path) -> None:
     # the sanity check calls `eval()` (so the override) before the first step: frozen from the
     # start, nothing moved (the BatchNorm Lightning puts back in training mode is another code)
