@@ -275,6 +275,22 @@ def constant_loaders() -> Loaders:
     return loaders(x[:1].expand_as(x).clone(), y, xv, yv)
 
 
+def unshifted_token_loaders() -> Loaders:
+    """Token data whose targets are the inputs, for a model that does not shift."""
+    train, val = random_token_loaders()
+    x, xv = train.dataset.tensors[0], val.dataset.tensors[0]  # type: ignore[attr-defined]
+    return (DataLoader(TensorDataset(x, x.clone()), batch_size=32),
+            DataLoader(TensorDataset(xv, xv.clone()), batch_size=32))
+
+
+def clamped_std_loaders() -> Loaders:
+    """Per-pixel standardization dividing by ``std.clamp(min=1e-8)``: a pixel always 0 in
+    training explodes in the validation image that has ink there."""
+    x, y, xv, yv = load_digits_tensors(standardize=False)
+    mean, std = x.mean(0), x.std(0).clamp(min=1e-8)
+    return loaders((x - mean) / std, y, (xv - mean) / std, yv)
+
+
 def overlap_loaders() -> Loaders:
     x, y, _, _ = load_digits_tensors()
     return loaders(x, y, x[:300], y[:300])
@@ -388,6 +404,16 @@ class StaleBatchNormMLP(DigitsMLP):
         self.net = nn.Sequential(first, nn.BatchNorm1d(64, momentum=0.0), nn.ReLU(), nn.Linear(64, 10))
 
 
+class OldSpectralNormMLP(DigitsMLP):
+    """Hidden layers under ``torch.nn.utils.spectral_norm``: its power-iteration vectors stay
+    random until the first training-mode forward, so the sanity check evaluates garbage."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        sn = nn.utils.spectral_norm
+        self.net = nn.Sequential(sn(nn.Linear(64, 64)), nn.ReLU(), sn(nn.Linear(64, 10)))
+
+
 class Float32BodyMLP(DigitsMLP):
     """The hidden layers run under ``torch.autocast(enabled=False)``, in float32."""
 
@@ -427,6 +453,8 @@ SCENARIOS: list[Scenario] = [
     ("each example repeated 8 times, not shuffled", D(mlp(), duplicate_loaders), {}),
     ("the loader yields the same 32 examples every step", D(mlp(), repeated_loaders), {}),
     ("validation examples taken from the training set", D(mlp(), overlap_loaders), {}),
+    ("per-pixel standardization dividing by a std clamped to 1e-8", D(mlp(), clamped_std_loaders),
+     {}),
     ("validation inputs left as raw pixels",
      D(mlp(), lambda: digits(xv=lambda x: load_digits_tensors(standardize=False)[2])), {}),
     ("logits multiplied by 100", D(mlp(logit_scale=100.0)), {}),
@@ -442,6 +470,8 @@ SCENARIOS: list[Scenario] = [
     ("`self.train()` in `on_validation_epoch_start`", D(lambda: TrainModeInValMLP(lr=0.1)), {}),
     ("transformer LM whose attention mask shows the future",
      lambda: (TinyLM(mask="future"), *random_token_loaders()), {}),
+    ("a causal transformer LM trained with `labels = input_ids` and no shift",
+     lambda: (TinyLM(), *unshifted_token_loaders()), {}),
     ("SGD at learning rate 50", D(mlp(50.0)), {}),
     ("SGD at learning rate 1e-5", D(mlp(1e-5)), {}),
     ("hidden biases initialized at -20 (dead ReLUs)", D(lambda: DeadReluMLP(lr=0.1)), {}),
@@ -469,6 +499,10 @@ SCENARIOS: list[Scenario] = [
      D(lambda: FunctionalDropoutMLP(lr=0.1)), {}),
     ("BatchNorm with `momentum=0` (Adam, lr 3e-3)",
      D(lambda: StaleBatchNormMLP(lr=3e-3, optimizer="adam")), {}),
+    ("layers under the old `torch.nn.utils.spectral_norm`, evaluated at the sanity check",
+     D(lambda: OldSpectralNormMLP(lr=0.1)), {}),
+    ("`gradient_clip_val=1e-4` with SGD (gradient norms about 1)", D(mlp()),
+     {"gradient_clip_val": 1e-4}),
     ("hidden layers under `torch.autocast(enabled=False)` in `bf16-mixed`",
      D(lambda: Float32BodyMLP(lr=0.1)), {"precision": "bf16-mixed"}),
     ("256-unit MLP, Adam, 64 training examples, 30 epochs",
@@ -481,13 +515,14 @@ def run(story: str, build: Callable[[], tuple[pl.LightningModule, Any, Any]],
     options = dict(options)
     precision = options.pop("precision", "32-true")
     max_epochs = options.pop("max_epochs", 2)
+    clip = options.pop("gradient_clip_val", None)
     pl.seed_everything(0, verbose=False)
     model, train, val = build()
     triage = Triage(report_dir=root, verbose=False, **options)
     trainer = pl.Trainer(max_epochs=max_epochs, callbacks=[triage], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False,
-                         default_root_dir=root, precision=precision)
+                         default_root_dir=root, precision=precision, gradient_clip_val=clip)
     try:
         trainer.fit(model, train, val)
     except Exception as exc:  # broken runs may crash: the report is written anyway

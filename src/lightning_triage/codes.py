@@ -117,6 +117,16 @@ _SPECS: tuple[CodeSpec, ...] = (
           "splits.",
           when="Per-feature statistics of the main float input differ between training and validation "
                "batches: median standardized mean difference above 0.5, or median std ratio above 2."),
+    _spec("data.val_outlier", "warning", "A validation example lies far outside the training data",
+          "Look at that example's feature in the validation preprocessing: a standardization that "
+          "divides by a per-feature std clamped to a tiny value (a feature constant in training, "
+          "such as a border pixel, explodes wherever validation has a non-zero value there), a "
+          "unit or scale that differs, a corrupt value. Divide by `std` where it is positive and "
+          "by 1 elsewhere.",
+          when="A value of the validation inputs seen lies at least 1000 training scales from its "
+               "feature's training mean (the scale: the feature's training std, at least the "
+               "median training std over the features), with 64+ training and 32+ "
+               "validation examples seen."),
     _spec("data.label_misalignment", "warning", "Targets look unrelated to the inputs",
           "Check that inputs and labels are indexed together (shuffled separately? sorted "
           "differently? an off-by-one join?). A genuinely near-unpredictable task looks the same: "
@@ -139,7 +149,8 @@ _SPECS: tuple[CodeSpec, ...] = (
           "instead, or keep in mind that the effective batch size (and the gradient noise) "
           "differs from the configured one.",
           when="Training batches that are not the loader's last hold fewer examples than its "
-               "`batch_size` (info when only some of the first batches do)."),
+               "`batch_size` (info when only some of the first batches do); packed sequences "
+               "count the examples their `position_ids` (or `cu_seq_lens`) hold."),
     _spec("data.shared_worker_rng", "warning", "DataLoader workers share one random generator",
           "Give each worker its own generator: create or reseed it in the worker, from "
           "`torch.utils.data.get_worker_info().seed` (in `__getitem__`/`__iter__`, or in a "
@@ -225,6 +236,17 @@ _SPECS: tuple[CodeSpec, ...] = (
           "in-place edits of them.",
           when="A parameter with `requires_grad=False` or in no optimizer changes in the first "
                "steps."),
+    _spec("wiring.frozen_late", "warning", "Parameters were frozen after they had trained",
+          "Freeze before the first optimizer step: call the freezing code (`requires_grad_(False)`, "
+          "`_freeze_stages()`) in `__init__`, `configure_model` or `setup`, not only in a `train()` "
+          "override (Lightning first calls `train()`/`eval()` at the first validation) or a later "
+          "hook; put frozen BatchNorm layers in eval mode from the start too. Reload the weights "
+          "they had before training if they are pretrained.",
+          when="Parameters trainable (and held by an optimizer) at the first training batch have "
+               "`requires_grad=False` later (seen at a batch start in the first steps, an epoch "
+               "start or a validation end) after optimizer steps changed their norms; info when "
+               "they trained for more than one full epoch first (a freeze schedule), silent for "
+               "parameters frozen before the first step and for schedules that unfreeze."),
     _spec("wiring.frozen_batchnorm_in_train", "warning",
           "BatchNorm in a frozen part is in training mode",
           "Lightning calls `model.train()` when training starts: put the frozen part in eval "
@@ -284,6 +306,14 @@ _SPECS: tuple[CodeSpec, ...] = (
           "keep labels out of the features (expected only for label-conditioned models).",
           when="The model's outputs change when only the targets of the batch change.",
           remedy="causal"),
+    _spec("structure.label_misaligned", "error", "Language-model labels are misaligned with the inputs",
+          "Shift the labels once. transformers' causal LMs (`*ForCausalLM`, `GPT2LMHeadModel`) shift "
+          "`labels` inside their loss: pass `labels = input_ids` (with `-100` at padding), not "
+          "`input_ids[:, 1:]`. A model that does not shift needs the shift in your loss: "
+          "`cross_entropy(logits[:, :-1].flatten(0, 1), input_ids[:, 1:].flatten())`.",
+          when="On the structure probe's pass over token inputs, the targets given to the loss lead "
+               "the inputs by two positions (labels shifted twice), or are the inputs themselves "
+               "while the model is causal (no shift: each position sees its own target)."),
     _spec("structure.padding_leak", "warning", "Outputs at real positions depend on the padding",
           "Pass the padding mask to attention (`key_padding_mask`/`attention_mask`), pool over the "
           "real positions only (masked mean), and give padded targets `ignore_index`.",
@@ -317,6 +347,18 @@ _SPECS: tuple[CodeSpec, ...] = (
           "it is filled.",
           when="The loss of the same validation examples stays far higher in eval mode than in "
                "training mode, and the gap does not shrink as training goes on."),
+    _spec("mode.eval_broken_before_training", "warning",
+          "Evaluation is broken until a training-mode forward has run",
+          "Eval mode reads state that only a training-mode forward sets. For "
+          "`torch.nn.utils.spectral_norm` (power-iteration vectors never iterated before the first "
+          "training forward) use `torch.nn.utils.parametrizations.spectral_norm`, which iterates at "
+          "construction; initialize running buffers to a usable value (a variance of ones, not "
+          "zeros or `torch.empty`); fill caches outside `if self.training`. The named module is "
+          "where the eval-mode output first departs.",
+          when="At the sanity check (or the first validation before `min_steps`), the eval-mode loss "
+               "of the same validation examples is at least 10x the chance level and their "
+               "training-mode loss, which is at most 2x chance (a standard BatchNorm whose running "
+               "statistics are still at their init is not reported)."),
     # 7. curve
     _spec("curve.not_learning", "error", "The loss does not move",
           "The loss stays at its step-0 value: check the learning rate (0?), that the optimizer "
@@ -385,6 +427,20 @@ _SPECS: tuple[CodeSpec, ...] = (
           "Check biases and init that push ReLUs below zero; try LeakyReLU or a lower LR.",
           when="At least half of the output units of a `Linear`/`Conv` layer never got a non-zero gradient "
                "in the window, or a parameter's gradient was always 0."),
+    _spec("grad.clipping_eats_update", "warning", "Gradient clipping removes nearly all of the update",
+          "Clip at a threshold near the gradient norms the run has (the report's `grad_norm` "
+          "series; a `gradient_clip_val` a few times their median), not orders of magnitude "
+          "below them. Clipping by hand under a gradient scaler: unscale first "
+          "(`scaler.unscale_(opt)` before `clip_grad_norm_`, or Lightning's "
+          "`self.clip_gradients(opt, ...)`, which unscales), else the threshold applies to "
+          "gradients multiplied by the scale.",
+          when="Over the first optimizer steps (10 or more) the clipping keeps a median 1% or less "
+               "of the total gradient norm: Lightning's `gradient_clip_val` (norm) against the "
+               "norms before it, or, under manual optimization, the norm at the optimizer step "
+               "against the unscaled norm backward produced. Info for optimizers whose update "
+               "does not scale with the gradient (Adam, RMSprop...); in the report, info unless a "
+               "slow or flat loss (`curve.lr_too_low`, `curve.not_learning`, "
+               "`curve.plateau_at_chance`, `grad.update_ratio`) shows the trouble."),
     _spec("grad.update_ratio", "warning", "Update-to-weight ratio far from ~1e-3",
           "Far above: lower the learning rate; far below: raise it (per layer in the evidence).",
           when="A layer's median ratio of update norm to weight norm (sampled every 10 steps) is below "

@@ -108,6 +108,13 @@ SUSPICIONS: dict[str, Suspicion] = {s.code: s for s in (
               "so far: info, not a warning.",
               within_steps=SPIKE_WINDOW, shown_by="loss_spike_followed",
               overruled_by=frozenset({"curve.healthy"})),
+    # clipping that keeps a small share of the gradient slows an SGD-like update: a warning only
+    # when the run is slow or flat (a short run, a curve that still learns: info)
+    Suspicion("grad.clipping_eats_update",
+              frozenset({"curve.lr_too_low", "curve.not_learning", "curve.plateau_at_chance",
+                         "grad.update_ratio"}),
+              "Nothing in this run shows a slow or flat loss from it so far (the curve and the "
+              "update ratios would): info, not a warning."),
     Suspicion("curve.overfitting", frozenset(),
               "Your callbacks monitor this validation loss (they stop the run or keep the best "
               "checkpoint): info, not a warning.", applies_if="handled_by"),
@@ -185,6 +192,7 @@ class Explanation:
             many steps later (``None``: anywhere in the report).
         same_step: an explaining finding counts only at the symptom's own step.
         only_if: a further test of the explaining finding (its evidence, say).
+        symptom_if: a test of the symptom itself (the row applies only when it holds).
     """
 
     code: str
@@ -193,11 +201,14 @@ class Explanation:
     within_steps: int | None = None
     same_step: bool = False
     only_if: Callable[[Finding], bool] | None = None
+    symptom_if: Callable[[Finding], bool] | None = None
 
     def explains(self, symptom: Finding, g: Finding) -> bool:
         """Whether ``g`` (another finding of the report) explains ``symptom`` by this row."""
         if not g.is_problem or not (g.code in self.explained_by or (
                 self.layered_numerics and g.stage == "numerics" and g.layer is not None)):
+            return False
+        if self.symptom_if is not None and not self.symptom_if(symptom):
             return False
         if self.within_steps is not None or self.same_step:
             if symptom.global_step is None or g.global_step is None:
@@ -254,6 +265,14 @@ _NOT_LEARNING_CAUSES = frozenset({
     "grad.vanishing", "grad.update_ratio",
     "numerics.nonfinite_loss", "numerics.precision_overflow",
 })
+# Clipping that keeps ~nothing of the gradient, and parameters frozen after the first steps,
+# shrink the update: the cause of a slow or flat loss and of a tiny update-to-weight ratio
+# (`grad.update_ratio` *below* ~1e-3 only). Not the overfit probe's verdicts: the probe on a
+# copy does not clip.
+_SHRUNK_UPDATE = frozenset({"grad.clipping_eats_update", "wiring.frozen_late"})
+# Labels misaligned with the inputs (shifted twice, or not at all): the model learns another
+# task, so a curve that looks slow or stuck at chance is its symptom.
+_MISALIGNED_LABELS = frozenset({"structure.label_misaligned"})
 # A blow-up at a step (numerics with a layer count too): a spike just before it is its start.
 _BLOW_UPS = frozenset({"curve.diverging", "numerics.nonfinite_loss",
                        "numerics.precision_overflow"})
@@ -269,7 +288,10 @@ _EXPLANATION_ROWS: tuple[Explanation, ...] = (
     Explanation("curve.loss_spike", _NOT_ZEROED),
     Explanation("curve.lr_too_high", _NOT_ZEROED),
     Explanation("curve.diverging", _NOT_ZEROED),
-    Explanation("curve.lr_too_low", _UPDATE_CAUSES),
+    Explanation("curve.lr_too_low", _UPDATE_CAUSES | _SHRUNK_UPDATE | _MISALIGNED_LABELS),
+    Explanation("grad.update_ratio", _SHRUNK_UPDATE, symptom_if=_update_ratio_below),
+    Explanation("curve.not_learning", _SHRUNK_UPDATE | _MISALIGNED_LABELS),
+    Explanation("curve.plateau_at_chance", _MISALIGNED_LABELS),
     # then each symptom's own causes
     Explanation("overfit.failed", _OVERFIT_CAUSES, layered_numerics=True),
     Explanation("overfit.inconclusive", _OVERFIT_CAUSES, layered_numerics=True),
@@ -302,7 +324,8 @@ STANDALONE: frozenset[str] = frozenset({
     "wiring.frozen_batchnorm_in_train", "wiring.frozen_params_changed",
     "structure.causal_leak", "structure.padding_leak", "structure.target_leak",
     "mode.eval_loss_gap", "mode.nondeterministic_eval", "mode.train_mode_in_eval",
-    "curve.overfitting", "curve.plateau_at_chance",
+    "data.val_outlier", "mode.eval_broken_before_training",
+    "curve.overfitting",
     "grad.dead_units",
     "triage.check_error",
 })
@@ -365,6 +388,11 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
       or non-finite data, ``grad.update_ratio`` far *below* ~1e-3, ``grad.vanishing``, the
       localized numerics findings.
     - ``data.repeated_batch``: explained by ``data.shared_worker_rng``.
+    - ``curve.lr_too_low``, ``curve.not_learning``, ``grad.update_ratio`` (below): explained by
+      ``grad.clipping_eats_update`` (the update shrinks with the clipped gradient) and by
+      ``wiring.frozen_late`` (parameters frozen after the first steps stop moving);
+      ``curve.lr_too_low``, ``curve.not_learning``, ``curve.plateau_at_chance``: explained by
+      ``structure.label_misaligned`` (the model learns another task).
     - ``curve.loss_spike``, ``grad.exploding``, ``grad.spike``: explained by a blow-up (a
       localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
       same step or at most :data:`SPIKE_WINDOW` steps later.

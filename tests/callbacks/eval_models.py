@@ -28,6 +28,25 @@ class Attention(nn.Module):
         return self.proj(F.scaled_dot_product_attention(q, k, v, dropout_p=p))
 
 
+class RunningNorm(nn.Module):
+    """Standardizes its input with running statistics that only training-mode calls update (an
+    observation normalizer); ``var_init`` 0 is the bug (eval mode divides by ``sqrt(eps)``)."""
+
+    def __init__(self, dim: int, var_init: float, momentum: float = 0.1) -> None:
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.full((dim,), var_init))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.mean.lerp_(x.mean(0), self.momentum)
+                self.var.lerp_(x.var(0), self.momentum)
+            return (x - x.mean(0)) / (x.var(0) + 1e-5).sqrt()
+        return (x - self.mean) / (self.var + 1e-5).sqrt()
+
+
 class DigitsNet(pl.LightningModule):
     """64 standardized pixels -> 10 classes. ``kind``:
 
@@ -38,7 +57,12 @@ class DigitsNet(pl.LightningModule):
       running statistics at their init are far off at first, then catch up);
     - ``"ema_stale"``: eval mode uses an averaged copy of the model that is never updated;
     - ``"autocast_off"``: the whole forward under ``torch.autocast(enabled=False)``;
-      ``"autocast_head"``: only a small head outside autocast; ``"norms"``: LayerNorm + softmax.
+      ``"autocast_head"``: only a small head outside autocast; ``"norms"``: LayerNorm + softmax;
+    - ``"sn_old"``/``"sn"``: both layers under ``torch.nn.utils.spectral_norm`` (power-iteration
+      vectors random until the first training forward; pytorch#51800) or under
+      ``parametrizations.spectral_norm`` (iterated at construction);
+    - ``"runnorm_zero"``/``"runnorm"``: a running input normalizer whose variance starts at zero
+      or at one.
     """
 
     def __init__(self, kind: str = "healthy", lr: float = 3e-3, width: int = 64) -> None:
@@ -59,8 +83,15 @@ class DigitsNet(pl.LightningModule):
             self.fc1 = nn.Linear(64, 64)
         if kind == "norms":
             self.norm = nn.LayerNorm(width)
+        if kind.startswith("sn"):
+            sn = nn.utils.spectral_norm if kind == "sn_old" else nn.utils.parametrizations.spectral_norm
+            self.fc1, self.fc2 = sn(self.fc1), sn(self.fc2)
+        if kind.startswith("runnorm"):
+            self.inorm = RunningNorm(64, var_init=0.0 if kind == "runnorm_zero" else 1.0)
 
     def features(self, x: Tensor) -> Tensor:
+        if self.kind.startswith("runnorm"):
+            x = self.inorm(x)
         if self.kind.startswith("sdpa"):
             h = self.attn(self.fc1(x).view(-1, 8, 8)).reshape(-1, 64)
         else:

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from lightning_triage import BatchInspector, InitialLossCheck, Triage, TriageReport
 from lightning_triage.demo.digits import DigitsMLP, load_digits_tensors
 from lightning_triage.report import REPORT_SCHEMA
-from tests.helpers import assert_ran_and_passed, codes, loader, make_trainer, stage_codes
+from tests.helpers import assert_ran_and_passed, codes, loader, make_trainer, seeds, stage_codes
 
 
 @pytest.fixture(scope="module")
@@ -435,6 +435,54 @@ def test_train_val_overlap(tmp_path, digits):
     f = only(bi.findings, "data.train_val_overlap")
     assert f.evidence["overlap"] >= 50
     assert f.evidence["val_examples"] == 256
+
+
+def _standardized(seed: int, clamp: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Digits standardized per pixel with training statistics; ``clamp``: the std clamped to
+    1e-8 (the bug: a pixel always 0 in training, non-zero in one validation image, lands
+    hundreds of millions of training scales away), else divided by 1 where it is 0 (the fix)."""
+    x, y, xv, yv = load_digits_tensors(standardize=False, seed=seed)
+    mean, std = x.mean(0), x.std(0)
+    std = std.clamp(min=1e-8) if clamp else torch.where(std > 0, std, torch.ones_like(std))
+    return (x - mean) / std, y, (xv - mean) / std, yv
+
+
+@pytest.mark.parametrize("seed", seeds())
+@pytest.mark.parametrize("clamp", [True, False])
+def test_validation_outlier_far_outside_the_training_data(tmp_path, clamp, seed):
+    x, y, xv, yv = _standardized(seed, clamp)
+    bi = inspector()
+    pl.seed_everything(seed)
+    fit(tmp_path, DigitsMLP(), loader(x, y, shuffle=True), loader(xv, yv, batch_size=64),
+        [bi], limit_train_batches=4, limit_val_batches=None, num_sanity_val_steps=2)
+    if not clamp:
+        assert "data.val_outlier" not in codes(bi.findings), bi.findings
+        return
+    f = only(bi.findings, "data.val_outlier")
+    # the one validation image non-zero at a pixel constant in training, named with its place
+    # (judged again as validation batches come: with seed 0 it is in batch 3, after the two
+    # sanity-check batches the first judgement saw)
+    pixel = f.evidence["feature"]
+    assert float(x[:, pixel].std()) == 0.0
+    example = 64 * f.evidence["val_batch"] + f.evidence["example"]
+    assert float(xv[example, pixel]) == f.evidence["value"] and f.evidence["scales"] > 1e6
+    assert "data.train_val_shift" not in codes(bi.findings)  # the median rule lets it pass
+
+
+@pytest.mark.parametrize("overfit_batches", [0, 2, 0.1])
+def test_overfit_batches_validating_on_the_training_batches_is_silent(tmp_path, digits,
+                                                                     overfit_batches):
+    # `Trainer(overfit_batches=...)` with the training loader as validation loader: the overlap
+    # is what the user asked for (issue 35); the same loaders without it still overlap
+    x, y, _, _ = digits
+    bi = inspector()
+    pl.seed_everything(0)
+    train = loader(x, y, shuffle=True)
+    fit(tmp_path, DigitsMLP(), train, train, [bi], max_epochs=3, overfit_batches=overfit_batches,
+        limit_train_batches=1.0 if overfit_batches else 8,
+        limit_val_batches=1.0 if overfit_batches else 8)
+    assert ("data.train_val_overlap" in codes(bi.findings)) == (overfit_batches == 0)
+    assert bi.val_fingerprinted > 0
 
 
 def test_train_val_shift(tmp_path, digits, raw_digits):

@@ -90,6 +90,62 @@ def test_default_collate_is_silent(tmp_path, digits, seed) -> None:
     assert dc.idle  # no per-step work after the window
 
 
+class TokenSeqs(Dataset[Tensor]):
+    """Token sequences of random lengths 4..12 (vocabulary 32)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.seqs = [torch.randint(0, 32, (int(k),), generator=gen)
+                     for k in torch.randint(4, 13, (n,), generator=gen)]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __getitem__(self, i: int) -> Tensor:
+        return self.seqs[i]
+
+
+def flatten_collate(batch: list[Tensor], keep_one: bool = False) -> dict[str, Tensor]:
+    """Packs a batch into one `(1, T)` row with `position_ids` restarting at each example, as
+    transformers' `DataCollatorWithFlattening` does; ``keep_one``: the bug (a refactor left
+    `batch = batch[:1]`): one example per batch, still a `(1, T)` row."""
+    batch = batch[:1] if keep_one else batch
+    ids = torch.cat(batch)[None]
+    return {"input_ids": ids, "labels": ids.clone(),
+            "position_ids": torch.cat([torch.arange(len(s)) for s in batch])[None]}
+
+
+class PackedLM(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.out = nn.Embedding(32, 16), nn.Linear(16, 32)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        logits = self.out(self.emb(batch["input_ids"]))
+        return F.cross_entropy(logits[0, :-1], batch["labels"][0, 1:])
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("seed", seeds())
+@pytest.mark.parametrize("keep_one", [True, False])
+def test_packed_batch_that_holds_one_example_is_caught(tmp_path, keep_one, seed) -> None:
+    # a `(1, T)` packed row: its leading dimension says nothing; the sequence starts of its
+    # `position_ids` count the examples it holds (issue 35)
+    pl.seed_everything(seed)
+    dc = check()
+    loader = shuffled(TokenSeqs(256, seed), seed, batch_size=16,
+                      collate_fn=functools.partial(flatten_collate, keep_one=keep_one))
+    fit(tmp_path, PackedLM(), loader, [dc])
+    if not keep_one:
+        assert stage_codes(dc.findings, "data") == set()
+        return
+    f = only(dc.findings, "data.short_batches")
+    assert f.severity == "warning" and f.evidence["sizes"] == [1, 1, 1, 1]
+    assert f.evidence["batch_size"] == 16
+
+
 def test_sporadic_drops_are_info(tmp_path, digits) -> None:
     x, y, _, _ = digits
 

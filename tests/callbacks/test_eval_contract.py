@@ -114,9 +114,41 @@ def test_same_path_in_both_modes_is_silent(tmp_path: Path, kind: str, noise: flo
         assert first.ratio > 1.5 and last.ratio < 1.3  # the gap was there and shrank
 
 
+# ---------------------------------------------------------------------- broken before training
+@pytest.mark.parametrize("seed", seeds())
+@pytest.mark.parametrize(("kind", "layer"), [("sn_old", "fc1"), ("runnorm_zero", "inorm")])
+def test_eval_broken_before_training_is_caught_and_localized(tmp_path: Path, kind: str,
+                                                             layer: str, seed: int) -> None:
+    check, _ = _fit(tmp_path, kind, seed, max_epochs=1, limit_train_batches=2)
+    found = [f for f in check.findings if f.code == "mode.eval_broken_before_training"]
+    assert len(found) == 1, (check.detail, check.gap_runs)
+    f = found[0]
+    assert f.layer == layer and f.evidence["module"] == layer
+    assert f.global_step == 0 and f.evidence["sanity_check"] is True
+    assert f.evidence["chance_multiple"] >= 10.0
+    assert f.evidence["train_mode_loss"] <= 2.0 * f.evidence["chance"]
+    assert f.evidence["scale_ratio"] >= 4.0
+    # training-mode forwards repair it (spectral_norm's at the first one): reported once
+    assert check.gap_runs[-1].eval_loss < check.gap_runs[0].eval_loss / 3
+    if kind == "sn_old":
+        assert check.gap_runs[-1].eval_loss < 2.0 * f.evidence["chance"]
+    assert _codes(check) == {"mode.eval_broken_before_training"}
+
+
+@pytest.mark.parametrize("seed", seeds())
+@pytest.mark.parametrize("kind", ["sn", "runnorm", "bn_lag", "dropout_fixed"])
+def test_eval_sound_before_training_is_silent(tmp_path: Path, kind: str, seed: int) -> None:
+    # `bn_lag`: BatchNorm running statistics at their init give a sanity-check gap (about 2x
+    # chance) that is BatchNorm's normal behaviour, not a broken path
+    check, _ = _fit(tmp_path, kind, seed, max_epochs=1, limit_train_batches=2)
+    assert not _codes(check), check.findings
+    assert check.gap_runs[0].sanity
+
+
 def test_cause_leads_in_the_bundle(tmp_path: Path) -> None:
     for kind, code in (("dropout", "mode.nondeterministic_eval"),
-                       ("bn_frozen", "mode.eval_loss_gap")):
+                       ("bn_frozen", "mode.eval_loss_gap"),
+                       ("sn_old", "mode.eval_broken_before_training")):
         pl.seed_everything(0, verbose=False)
         triage = Triage(strict=True, verbose=False, overfit=False, html=False,
                         report_dir=tmp_path / kind)

@@ -126,8 +126,10 @@ def test_broken_contracts_are_caught_at_their_step(tmp_path: Path, name: str, se
     for key, value in expect.items():
         got = getattr(f, key) if key in ("severity", "layer") else f.evidence[key]
         assert got == value, (key, f.message)
+    # the encoder frozen at batch 3 had trained for 3 steps: a late freeze too (issue 35)
+    also = {"frozen_by_weight_decay": ["wiring.frozen_late"]}.get(name, [])
     others = [g.code for g in check.findings if g is not f and g.is_problem]
-    assert others == [], [g.message for g in check.findings]
+    assert others == also, [g.message for g in check.findings]
 
 
 def test_optimizer_not_stepping_is_found_within_5_steps_of_its_start(tmp_path: Path) -> None:

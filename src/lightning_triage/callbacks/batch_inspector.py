@@ -34,6 +34,7 @@ from lightning_triage.functional.data import (
     label_signal,
     rules,
     summarize_tensor,
+    val_outlier,
 )
 from lightning_triage.functional.data.state import DataRunState
 from lightning_triage.functional.hooks import HeadCapture
@@ -58,8 +59,9 @@ class BatchInspector(TriageCallback):
     Findings: ``data.nonfinite_input``, ``data.nonfinite_target``, ``data.unnormalized_input``,
     ``data.constant_input``, ``data.target_out_of_range``, ``data.class_imbalance``,
     ``data.repeated_batch``, ``data.duplicate_samples``, ``data.train_val_overlap``,
-    ``data.train_val_shift``, ``data.label_misalignment``, ``data.tiny_input_scale`` and
-    ``data.unknown_batch_structure`` (info). See ``docs/data.md`` for thresholds.
+    ``data.train_val_shift``, ``data.val_outlier``, ``data.label_misalignment``,
+    ``data.tiny_input_scale`` and ``data.unknown_batch_structure`` (info). See ``docs/data.md``
+    for thresholds.
 
     After fit, :attr:`sample` holds a small JSON-able picture of the first training batch and
     :attr:`batch_stats` the per-tensor statistics of the inspected batches.
@@ -102,7 +104,7 @@ class BatchInspector(TriageCallback):
         "data.unnormalized_input", "data.tiny_input_scale", "data.constant_input",
         "data.target_out_of_range", "data.class_imbalance", "data.repeated_batch",
         "data.duplicate_samples", "data.train_val_overlap", "data.train_val_shift",
-        "data.label_misalignment", "data.unknown_batch_structure")
+        "data.label_misalignment", "data.unknown_batch_structure", "data.val_outlier")
     # how `Triage` builds this check (TriageCallback.bundle_args)
     bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
         "num_classes", "input_key", "target_key")
@@ -386,6 +388,8 @@ class BatchInspector(TriageCallback):
                     st.collect_probe(x, y, self.probe_examples)
         if x.is_floating_point() and x.ndim >= 1 and x.shape[0] > 0:
             (st.train_moments if split == "train" else st.val_moments).update(x)
+            if split != "train":
+                st.val_extremes.update(x, (dataloader_idx, batch_idx))
 
     def _summaries(self, trainer: pl.Trainer, layout: BatchLayout, split: str, batch_idx: int,
                    dataloader_idx: int, step: int) -> list[TensorSummary]:
@@ -475,7 +479,18 @@ class BatchInspector(TriageCallback):
                 st.done.add("shift")
                 self._forward(trainer, rules.shift_rule(shift, st.train_moments.count,
                                                         st.val_moments.count))
-        if "overlap" not in st.reported and len(st.train_fps) and len(st.val_fps):
+        if "outlier" not in st.reported and st.train_moments.count >= 64 \
+                and st.val_moments.count >= 32:
+            # a validation value far outside the training data: judged again as more validation
+            # batches are inspected, reported once
+            self._forward(trainer, rules.val_outlier_rule(
+                val_outlier(st.train_moments, st.val_extremes), st.train_moments.count),
+                "outlier")
+        # `Trainer(overfit_batches=...)`: validating on the batches it trains on is what the
+        # user asked for (issue 35)
+        overfitting = bool(getattr(trainer, "overfit_batches", 0) or 0)
+        if "overlap" not in st.reported and len(st.train_fps) and len(st.val_fps) \
+                and not overfitting:
             self._forward(trainer, rules.overlap_rule(st.train_fps, st.val_fps), "overlap")
         if shift_only:
             return

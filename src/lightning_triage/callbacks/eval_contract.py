@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 
 import lightning.pytorch as pl
@@ -25,8 +26,10 @@ from lightning_triage.functional.eval_contracts import (
     GAP_MIN_STEPS,
     GapRun,
     ModuleCall,
+    eval_broken_before_training,
     eval_loss_gap,
     first_divergence,
+    first_scale_change,
     nondeterministic_eval,
 )
 from lightning_triage.functional.hooks import capture_last_output
@@ -46,6 +49,15 @@ from lightning_triage.probing.recording import CallTrace
 
 #: The validation runs probed for the loss gap, at most.
 MAX_GAP_RUNS = 8
+
+
+@contextmanager
+def _maybe(ctx: AbstractContextManager[Any], enter: bool) -> Iterator[None]:
+    if enter:
+        with ctx:
+            yield
+    else:
+        yield
 
 
 def _seed_all(seed: int) -> None:
@@ -78,6 +90,11 @@ class EvalContractCheck(TriageCallback):
        the gap did not shrink since the first run: an eval-only path (running statistics never
        updated, a reparametrization computed only in training mode). Harder validation data
        raises both losses; BatchNorm statistics that lag at first give a gap that shrinks.
+       Before training (the sanity check, or the first validation before ``min_steps``),
+       ``mode.eval_broken_before_training`` when the eval-mode loss is orders of magnitude
+       above chance while the training-mode loss is at chance (old-style ``spectral_norm``
+       power-iteration vectors never iterated, a running buffer read at its init, a cache only
+       training fills), naming the first module whose output changes scale between the modes.
 
     The run's weights, RNG and loggers are untouched; after that the check is idle.
 
@@ -110,7 +127,8 @@ class EvalContractCheck(TriageCallback):
     """
 
     stage: ClassVar[str] = "mode"
-    codes: ClassVar[tuple[str, ...]] = ("mode.nondeterministic_eval", "mode.eval_loss_gap")
+    codes: ClassVar[tuple[str, ...]] = ("mode.nondeterministic_eval", "mode.eval_loss_gap",
+                                        "mode.eval_broken_before_training")
     # how `Triage` builds this check (TriageCallback.bundle_args)
     bundle_args: ClassVar[Mapping[str, BundleArg]] = {
         **passes("stochastic_eval", "task", "num_classes", "input_key", "target_key"),
@@ -263,19 +281,30 @@ class EvalContractCheck(TriageCallback):
             return
         small = copy_first_examples(batch, self.max_examples, self.input_key, self.target_key)
         rng = rng_state()
+        sanity = bool(trainer.sanity_checking)
+        # before training (the sanity check, or the first validation) the passes are traced too:
+        # the module whose output changes scale first is named when eval mode is broken
+        early = trainer.global_step < self.min_steps \
+            and not self.has_finding("mode.eval_broken_before_training") \
+            and (sanity or not any(not r.sanity for r in self.gap_runs))
+        traces = (CallTrace(), CallTrace())
         try:
-            with eval_copy(trainer, pl_module, rng) as probe:
+            with eval_copy(trainer, pl_module, rng) as probe, \
+                    _maybe(traces[0].attached(probe.module), early):
                 eval_loss = self._step_loss(trainer, probe.module, small, capture=True)
             with probe_module(trainer, pl_module, trainer.optimizers) as probe:
                 probe.module.train()
                 set_rng_state(rng)
-                train_loss = self._step_loss(trainer, probe.module, small, capture=False)
+                with _maybe(traces[1].attached(probe.module), early):
+                    train_loss = self._step_loss(trainer, probe.module, small, capture=False)
+                if early:
+                    self._judge_start(trainer, probe.module, GapRun(
+                        trainer.global_step, eval_loss, train_loss, sanity=sanity), traces)
         except (UserCodeError, ProbeUnavailableError, ValueError) as exc:
             why = exc.describe() if isinstance(exc, UserCodeError) else str(exc)
             self.gap_done, self.gap_skipped = True, f"loss gap skipped ({why})"
             return
-        self.gap_runs.append(GapRun(trainer.global_step, eval_loss, train_loss,
-                                    sanity=bool(trainer.sanity_checking)))
+        self.gap_runs.append(GapRun(trainer.global_step, eval_loss, train_loss, sanity=sanity))
         judged = trainer.global_step >= self.min_steps
         if judged or len(self.gap_runs) >= MAX_GAP_RUNS:
             self.gap_done = True
@@ -287,6 +316,27 @@ class EvalContractCheck(TriageCallback):
             reference = None
         self.add_verdicts(trainer, eval_loss_gap(self.gap_runs, reference=reference,
                                                  reference_name=name, min_steps=self.min_steps))
+
+    def _judge_start(self, trainer: pl.Trainer, module: torch.nn.Module, run: GapRun,
+                      traces: tuple[CallTrace, CallTrace]) -> None:
+        """``mode.eval_broken_before_training`` for a run before training, against the chance
+        level (unknown: not judged). A standard BatchNorm whose running statistics are still at
+        their init (they catch up in the first steps) is not a broken eval path."""
+        if self.chance is None or not math.isfinite(self.chance.value):
+            return
+        found = first_scale_change(traces[0].calls, traces[1].calls)
+        name, kind, scale = (found[0].name, found[0].kind, found[1]) if found else (None, None, None)
+        if name is not None:
+            try:
+                sub = module.get_submodule(name)
+            except AttributeError:
+                sub = None
+            if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) \
+                    and sub.track_running_stats and sub.momentum != 0.0:
+                return
+        self.add_verdicts(trainer, eval_broken_before_training(
+            run, chance=self.chance.value, module=name or None,
+            module_kind=kind, scale=scale))
 
     # ------------------------------------------------------------------ state
     @override

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_triage._compat import StepCounter, fp16_amp, step_counter
+from lightning_triage._compat import StepCounter, fp16_amp, grad_scaler, step_counter
 from lightning_triage.callbacks._args import (
     BundleArg,
     bundle_window_cap,
@@ -42,6 +42,8 @@ from lightning_triage.functional.gradients import (
     GradThresholds,
     alive_units,
     classify_gradients,
+    clip_kept,
+    clipping_verdict,
     explosion_verdict,
     jumped_first,
     layer_groups,
@@ -63,6 +65,26 @@ _UNIT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 _MAX_LAYER_ROWS = 128  # columns (steps) of the report's per-layer heatmap
+#: Manual optimization: the first steps whose clipping is measured (two host reads per step).
+CLIP_STEPS = 30
+
+
+def _total_norm(params: list[nn.Parameter]) -> float:
+    grads = [p.grad for p in params if p.grad is not None and is_plain(p.grad)]
+    if not grads:
+        return math.nan
+    return float(torch.linalg.vector_norm(torch.stack(
+        [torch.linalg.vector_norm(g.detach().double()) for g in grads])))
+
+
+def _scaler_of(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
+    """The gradient scaler that scales this run's backward: Lightning's (fp16 AMP), else one
+    the module holds as an attribute (manual optimization with the user's own scaler)."""
+    found = grad_scaler(trainer)
+    if found is not None:
+        return found
+    return next((v for v in vars(pl_module).values() if isinstance(v, torch.amp.GradScaler)),
+                None)
 
 
 def user_clip(trainer: pl.Trainer) -> float | None:
@@ -105,7 +127,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
     gradient scaler skips (non-finite gradients) are normal and are not findings.
 
     Findings: ``grad.exploding``, ``grad.vanishing``, ``grad.spike``, ``grad.dead_units``,
-    ``grad.update_ratio``.
+    ``grad.update_ratio``, ``grad.clipping_eats_update`` (gradient clipping that keeps almost
+    none of the gradient).
 
     Args:
         window_epochs: epochs in the window (the window is the longer of the two).
@@ -137,7 +160,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
 
     stage: ClassVar[str] = "grad"
     codes: ClassVar[tuple[str, ...]] = ("grad.exploding", "grad.vanishing", "grad.spike",
-        "grad.dead_units", "grad.update_ratio")
+        "grad.dead_units", "grad.update_ratio", "grad.clipping_eats_update")
     # how `Triage` builds this check (TriageCallback.bundle_args)
     bundle_args: ClassVar[Mapping[str, BundleArg]] = {
         **passes("window_epochs", "window_steps", "watch", "on_spike"),
@@ -193,6 +216,12 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._unit_idx: list[int] = []
         self._amp_fp16 = False
         self._clip_val: float | None = None
+        # clipping that eats the update: the optimizer's class; under manual optimization the
+        # unscaled norm backward produced (pending) and the kept fraction per step
+        self._optimizer_name = ""
+        self._manual = False
+        self._backward_norm: float | None = None
+        self.clip_kept: list[float] = []
         self._steps: StepCounter | None = None
         # this chunk: rows [total, per-parameter norms..., loss] (on the device on accelerators)
         self._buf: RowBuffer | None = None
@@ -232,6 +261,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             # fp16 mixed precision with a gradient scaler: the scaler skips non-finite steps
             self._amp_fp16 = fp16_amp(trainer)
             self._clip_val = user_clip(trainer)
+            self._manual = not pl_module.automatic_optimization
 
     def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         owners = {}
@@ -268,6 +298,14 @@ class GradientMonitor(TriageCallback, WindowMixin):
                 return
         if self.window_closed and not self.watch and self.on_spike == "warn":
             return
+        if not self._optimizer_name:
+            inner = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer's own
+            self._optimizer_name = type(inner).__name__
+        if self._backward_norm is not None:  # manual optimization: what clipping kept
+            after, before = _total_norm(self._params), self._backward_norm
+            self._backward_norm = None
+            if math.isfinite(after) and math.isfinite(before) and before > 0:
+                self.clip_kept.append(after / before)
         step = trainer.global_step if self._steps is None else self._steps.completed
         # one fused kernel per step, read once for every watch; on the host the total comes
         # with it, on accelerators it is taken per chunk at the flush
@@ -285,6 +323,31 @@ class GradientMonitor(TriageCallback, WindowMixin):
             self._window_step(trainer)
         if self.on_spike == "skip":
             self._skip(state.total)
+
+    @override
+    @guarded
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # manual optimization: the norm backward produced (unscaled) against the norm at the
+        # optimizer step says how much the user's own clipping kept (Lightning's clipping is
+        # judged from the norms before it and `gradient_clip_val`)
+        if not self._manual or self.window_closed or len(self.clip_kept) >= CLIP_STEPS:
+            return
+        if not self._params:
+            self._build(trainer, pl_module)
+        scaler = _scaler_of(trainer, pl_module)
+        scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+        norm = _total_norm(self._params)
+        self._backward_norm = norm / scale if scale > 0 else math.nan
+
+    def _clipping(self, step: int) -> Verdict | None:
+        if self._manual:
+            kept, how = self.clip_kept, "manual"
+        elif self._clip_val is not None:
+            kept, how = clip_kept(self.w_total, self._clip_val), "gradient_clip_val"
+        else:
+            return None
+        return clipping_verdict(kept, step=step, optimizer=self._optimizer_name or "optimizer",
+                                how=how, clip_val=self._clip_val)
 
     def _window_step(self, trainer: pl.Trainer) -> None:
         if self._alive is None:
@@ -488,7 +551,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
                 alive = self._alive[k]
                 dead[module_name(self._names[j])] = (int((~alive).sum()), int(alive.numel()))
         verdicts = self._classify(final=True, extra={"update_ratios": ratios, "dead_units": dead})
-        self._report(trainer, verdicts, after_window=False)
+        clipping = self._clipping(self.w_steps[-1] if self.w_steps else trainer.global_step)
+        self._report(trainer, verdicts + ([clipping] if clipping else []), after_window=False)
         n = len(self.w_total)
         fin = [t for t in self.w_total if math.isfinite(t)]
         self.detail = (f"window of {n} steps: median grad norm "
@@ -570,12 +634,14 @@ class GradientMonitor(TriageCallback, WindowMixin):
             "layer_base": None if self._layer_base is None else self._layer_base.tolist(),
             "w_steps": list(self.w_steps), "w_total": list(self.w_total),
             "w_loss": list(self.w_loss), "w_rows": [r.tolist() for r in self.w_rows],
+            "clip_kept": list(self.clip_kept),
         }
 
     @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self._reset_state()
         self.window_closed = bool(state.get("window_closed", False))
+        self.clip_kept = [float(v) for v in state.get("clip_kept", [])]
         self.watcher.load_state_dict(state.get("watcher", {}))
         self.series_norm.load_state_dict(state.get("series", {}))
         self.skipped_steps = self._skipped_base = int(state.get("skipped_steps", 0))

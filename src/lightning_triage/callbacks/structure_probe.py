@@ -34,6 +34,7 @@ from lightning_triage.functional.structure import (
     LossWatch,
     aligned_start,
     example_dependence,
+    is_next_token,
     output_change,
     pairwise_output,
     position_dependence,
@@ -41,6 +42,7 @@ from lightning_triage.functional.structure import (
     redraw_targets,
     replace_tensor,
     same_storage,
+    target_shift,
 )
 from lightning_triage.probing import (
     ProbeUnavailableError,
@@ -97,6 +99,9 @@ class StructureProbe(ProbeCallback):
        model), of output positions w.r.t. later positions
        (``structure.causal_leak``). A problem is localized to the first module whose output
        shows it (the finding's ``layer``).
+    4. **Label alignment** (language models): the targets the loss receives compared with the
+       inputs: labels shifted twice (the user shifts and the model shifts again) or not at all
+       where the model does not shift (``structure.label_misaligned``).
 
     When the model cannot be run this way (manual optimization, no input tensor found, no head
     output found) the probe reports ``structure.probe_skipped`` (info) saying what to pass.
@@ -138,7 +143,8 @@ class StructureProbe(ProbeCallback):
 
     stage: ClassVar[str] = "structure"
     codes: ClassVar[tuple[str, ...]] = ("structure.batch_mixing", "structure.causal_leak",
-        "structure.shape_mismatch", "structure.target_leak", "structure.probe_skipped")
+        "structure.shape_mismatch", "structure.target_leak", "structure.probe_skipped",
+        "structure.label_misaligned")
     # how `Triage` builds this check (TriageCallback.bundle_args)
     bundle_args: ClassVar[Mapping[str, BundleArg]] = passes(
         "causal", "forward_fn", "input_key", "target_key")
@@ -484,7 +490,48 @@ class StructureProbe(ProbeCallback):
             reason = rules.causal_reason(self.causal, x, y, self.ignore_index, watch.loss_targets)
         if reason is not None:
             self._causal(trainer, pl_module, run, reason)
+        if watch is not None and y is not None:
+            self._label_alignment(trainer, pl_module, run, x, y, watch)
         return 1
+
+    def _label_alignment(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                         run: _GradientRun, x: Tensor, y: Tensor, watch: LossWatch) -> None:
+        """Token inputs: by how many positions the targets a loss was given lead the inputs
+        (``structure.label_misaligned`` for 2, and for 0 under a causal model)."""
+        if x.is_floating_point() or x.dim() != 2 or x.shape[1] < 4 or y.is_floating_point():
+            return
+        shifts = [(name, target_shift(x, t, self.ignore_index))
+                  for (name, _), t in zip(watch.loss_inputs, watch.loss_targets, strict=False)]
+        found = next(((n, k) for n, k in shifts if k in (0, 2)), None)
+        if found is None:
+            return
+        name, shift = found
+        causal = shift == 0 and self._is_causal(run)
+        self.results["labels"] = f"loss offset {shift}" + (" (causal model)" if causal else "")
+        self.add_verdicts(trainer, rules.label_misaligned(
+            shift, name, user_shifted=is_next_token(x, y, self.ignore_index),
+            model=self._lm_name(pl_module), sequences=int(x.shape[0]),
+            length=int(x.shape[1]), causal_model=causal))
+
+    def _is_causal(self, run: _GradientRun) -> bool:
+        """No output position of the head depends on a later input position (a quiet probe:
+        no finding either way)."""
+        leaf, head = run.leaf, run.head
+        if not (head.dim() >= 2 and leaf.dim() >= 2 and head.shape[1] == leaf.shape[1] >= 2):
+            return False
+        return not any(position_dependence(head, leaf, pos, tolerance=self.tolerance,
+                                           retain_graph=True).leak
+                       for pos in probe_positions(int(leaf.shape[1])))
+
+    @staticmethod
+    def _lm_name(pl_module: pl.LightningModule) -> str:
+        """The class of the language model inside (a transformers ``PreTrainedModel``, which
+        documents its own label shift), else the LightningModule's."""
+        for m in pl_module.modules():
+            if type(m).__module__.startswith("transformers.") and \
+                    type(m).__name__.endswith(("ForCausalLM", "LMHeadModel")):
+                return type(m).__name__
+        return type(pl_module).__name__
 
     def _batch_mixing(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                       run: _GradientRun, watch: LossWatch | None) -> None:

@@ -27,6 +27,7 @@ from lightning_triage.functional.update import (
     frozen_change_verdict,
     frozen_running_stats,
     frozen_running_stats_verdict,
+    late_freeze_verdict,
     outside_change_verdicts,
     stepping_verdict,
     tensor_norms,
@@ -35,6 +36,10 @@ from lightning_triage.functional.update import (
 
 #: Training batches after which the running statistics of frozen parts are compared.
 RUNNING_STATS_BATCHES = 3
+#: Late freezing: the trainable values copied (to the host) at the first batch, at most, to say
+#: how far parameters frozen later had moved (``||w - w0|| / ||w0||``); above it, the change of
+#: their norms (a lower bound).
+LATE_SNAPSHOT_VALUES = 4_000_000
 
 
 def _differs(a: float, b: float) -> bool:
@@ -72,8 +77,10 @@ class UpdateContractCheck(TriageCallback):
         ``wiring.params_changed_outside_step`` (trainable parameters that change between
         steps: a re-initialization, ``load_state_dict``, an in-place edit in ``forward``; info
         for a projection applied at every step such as weight clipping),
-        ``wiring.frozen_params_changed`` and ``wiring.frozen_batchnorm_in_train`` (BatchNorm in
-        training mode inside a frozen part, its running statistics moving).
+        ``wiring.frozen_params_changed``, ``wiring.frozen_batchnorm_in_train`` (BatchNorm in
+        training mode inside a frozen part, its running statistics moving) and
+        ``wiring.frozen_late`` (parameters trainable for the first steps, frozen afterwards,
+        having moved).
 
     Args:
         window: training batches watched from the start of fit.
@@ -96,7 +103,7 @@ class UpdateContractCheck(TriageCallback):
     codes: ClassVar[tuple[str, ...]] = (
         "wiring.grads_not_zeroed", "wiring.optimizer_not_stepping",
         "wiring.params_changed_outside_step", "wiring.frozen_params_changed",
-        "wiring.frozen_batchnorm_in_train")
+        "wiring.frozen_batchnorm_in_train", "wiring.frozen_late")
 
     def __init__(self, *, window: int = 40, strict: bool = False) -> None:
         super().__init__(strict=strict)
@@ -104,6 +111,27 @@ class UpdateContractCheck(TriageCallback):
         self.window = window
         self._done = False
         self._reset()
+        self._reset_late()
+
+    def _reset_late(self) -> None:
+        # late freezing (watched past the window, at epoch starts and validation ends): the
+        # parameters trainable at the first batch, their norms then, and the running-statistics
+        # layers whose parameters they all are
+        self._late_armed = False
+        self._late_done = False
+        self._late_step = 0
+        self._late_names: list[str] = []
+        self._late_params: list[Tensor] = []
+        self._late_base: list[float] = []
+        self._late_bn: list[tuple[str, torch.nn.Module, float, set[str]]] = []
+        self._late_sizes: dict[str, int] = {}
+        self._late_snapshot: list[Tensor] | None = None
+        self._first_epoch_steps: int | None = None
+
+    @override
+    @guarded
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset_late()
 
     def _reset(self) -> None:
         self._armed = False
@@ -141,6 +169,7 @@ class UpdateContractCheck(TriageCallback):
         if self._done:
             self.idle = True
             return
+        self._check_late(trainer)
         if not self._armed and not self._arm(trainer, pl_module):
             return
         self._step_at_start = trainer.global_step
@@ -181,6 +210,9 @@ class UpdateContractCheck(TriageCallback):
             return
         if not self._armed:
             return
+        # frozen during this batch (the model's own `on_train_batch_start` runs after ours):
+        # frozen from the step the batch started at (toggles are undone by now)
+        self._check_late(trainer, self._step_at_start)
         self._point("end", None, trainer.global_step)
         self._close_batch(trainer, pl_module)
         self._batches += 1
@@ -199,9 +231,87 @@ class UpdateContractCheck(TriageCallback):
 
     @override
     @guarded
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._check_late(trainer)  # a `train()` override freezing stages runs at `eval()`
+
+    @override
+    @guarded
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check_late(trainer)
+
+    @override
+    @guarded
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._first_epoch_steps is None and self._late_armed:
+            self._first_epoch_steps = trainer.global_step - self._late_step
+
+    @override
+    @guarded
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._armed and not self._done:
             self._finish(trainer)
+
+    # ------------------------------------------------------------------ late freezing
+    def _arm_late(self, pl_module: pl.LightningModule, held: set[int]) -> None:
+        self._reset_late()
+        keep = [i for i, p in enumerate(self._params) if p.requires_grad and id(p) in held]
+        self._late_names = [self._names[i] for i in keep]
+        self._late_params = [self._params[i] for i in keep]
+        self._late_base = [self._init[i] for i in keep]
+        self._late_sizes = dict(self._sizes)
+        if sum(int(p.numel()) for p in self._late_params) <= LATE_SNAPSHOT_VALUES:
+            self._late_snapshot = [p.detach().to("cpu", copy=True) for p in self._late_params]
+        watched = set(self._late_names)
+        for name, m in pl_module.named_modules():
+            own = {f"{name}.{n}" if name else n for n, _ in m.named_parameters(recurse=False)}
+            if own and own <= watched and getattr(m, "running_mean", None) is not None:
+                self._late_bn.append((name, m, float(self._running_norms(m).sum()), own))
+        self._late_armed = True
+
+    def _check_late(self, trainer: pl.Trainer, step: int | None = None) -> None:
+        """``wiring.frozen_late``: parameters trainable at the first batch that are frozen now
+        (``requires_grad=False``), after optimizer steps that moved them. Host-side flags only
+        until one flips; then one read of their norms."""
+        if not self._late_armed or self._late_done:
+            return
+        frozen = [i for i, p in enumerate(self._late_params) if not p.requires_grad]
+        if not frozen:
+            return
+        at = trainer.global_step if step is None else step
+        steps = at - self._late_step
+        if steps <= 0:  # frozen before any step: frozen from the start, nothing lost
+            keep = [i for i in range(len(self._late_params)) if i not in set(frozen)]
+            self._late_names = [self._late_names[i] for i in keep]
+            self._late_params = [self._late_params[i] for i in keep]
+            self._late_base = [self._late_base[i] for i in keep]
+            return
+        self._late_done = True
+        now = tensor_norms([self._late_params[i] for i in frozen]).tolist()
+        # how far each moved relative to its starting norm (a tensor that started at zero, a
+        # bias, relative to the largest starting norm among them): ||w - w0|| from the host
+        # snapshot, else the change of the norm (a lower bound)
+        scale = max((self._late_base[i] for i in frozen), default=0.0) or 1.0
+        snap = self._late_snapshot
+        if snap is not None:
+            dist = [float(torch.linalg.vector_norm(
+                self._late_params[i].detach().to("cpu").double() - snap[i].double()))
+                for i in frozen]
+        else:
+            dist = [abs(n - self._late_base[i]) for i, n in zip(frozen, now, strict=True)]
+        moved = {self._late_names[i]: d / (self._late_base[i] or scale)
+                 for i, d in zip(frozen, dist, strict=True)}
+        names = set(moved)
+        stats = {}
+        for name, m, base, own in self._late_bn:
+            if own <= names:
+                cur = float(self._running_norms(m).sum())
+                stats[name] = abs(cur - base) / base if base > 0 else float(cur > 0)
+        deliberate = self._first_epoch_steps is not None and steps > self._first_epoch_steps
+        self.add_verdicts(trainer, late_freeze_verdict(
+            moved, at, self._late_sizes, steps_trained=steps,
+            running_stats=stats, deliberate=deliberate, exact=snap is not None))
+        self._late_snapshot = None
 
     # ------------------------------------------------------------------ readings
     def _membership(self, trainer: pl.Trainer, *, at_step: bool = False) -> None:
@@ -257,6 +367,11 @@ class UpdateContractCheck(TriageCallback):
         self._bn = [(name, type(m).__name__, self._running_norms(m))
                     for name, m in pl_module.named_modules() if name in frozen_bn]
         self._bn_step = trainer.global_step
+        if not self._late_armed:
+            held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
+                    for p in g["params"]}
+            self._arm_late(pl_module, held)
+            self._late_step = trainer.global_step
         self._armed = True
         return True
 

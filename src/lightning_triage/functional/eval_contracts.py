@@ -8,6 +8,10 @@ Two rules over what a probe recorded on copies of the model:
   first module whose output differs, and whether its input already differed).
 - :func:`eval_loss_gap`: the loss of the same examples in eval mode is far above their loss in
   training mode, and the gap does not shrink as training goes on (an eval-only path).
+- :func:`eval_broken_before_training`: at the sanity check (or the first validation, before
+  ``GAP_MIN_STEPS``), the eval-mode loss is orders of magnitude above chance while the
+  training-mode loss of the same examples is at chance: eval mode reads state that only a
+  training-mode forward sets (:func:`first_scale_change` names the module).
 """
 
 from __future__ import annotations
@@ -34,6 +38,17 @@ GAP_MIN_FRACTION = 0.25
 GAP_MIN_STEPS = 50
 #: The gap "shrinks" when its ratio fell below this fraction of the first run's ratio.
 GAP_SHRINK = 0.5
+
+
+#: Before training, the eval-mode loss must be at least this multiple of the chance level and of
+#: the training-mode loss of the same examples ("orders of magnitude": a BatchNorm whose running
+#: statistics are still at their init gives about 2x)...
+START_RATIO = 10.0
+#: ... while the training-mode loss is at most this multiple of the chance level.
+START_TRAIN_MAX = 2.0
+#: A module's output changes scale between the modes when the root mean squares of its eval-mode
+#: and training-mode outputs differ by this factor (dropout changes it by ``1/sqrt(1-p)``).
+SCALE_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -221,6 +236,104 @@ def eval_loss_gap(runs: Sequence[GapRun], *, reference: float | None, reference_
     )
 
 
+def _rms(t: Tensor | None) -> float | None:
+    if t is None or t.numel() == 0:
+        return None
+    return float(t.detach().double().pow(2).mean().sqrt())
+
+
+def _scale_ratio(a: Tensor | None, b: Tensor | None) -> float | None:
+    """``rms(a) / rms(b)`` (``inf`` when only ``a`` is non-finite or ``b`` is zero; ``None``
+    when either is missing)."""
+    ra, rb = _rms(a), _rms(b)
+    if ra is None or rb is None:
+        return None
+    if not math.isfinite(ra) or not math.isfinite(rb):
+        return 1.0 if math.isfinite(ra) == math.isfinite(rb) else math.inf
+    if rb == 0.0:
+        return 1.0 if ra == 0.0 else math.inf
+    return ra / rb
+
+
+def _off(ratio: float | None, factor: float) -> bool:
+    return ratio is not None and (ratio >= factor or ratio <= 1.0 / factor)
+
+
+def first_scale_change(eval_calls: Sequence[ModuleCall], train_calls: Sequence[ModuleCall],
+                       factor: float = SCALE_FACTOR) -> tuple[ModuleCall, float] | None:
+    """The first module call (in completion order) whose output scale differs by ``factor`` or
+    more between an eval-mode and a training-mode pass of the same examples while its input's
+    scale did not, with ``rms(eval output) / rms(train output)``; ``None`` when there is none or
+    the two passes call different modules first.
+
+    Dropout (a scale change of ``1/sqrt(1-p)``) and noise do not reach ``factor``; a module that
+    reads uninitialized state in eval mode does.
+
+    Example:
+        >>> x = torch.ones(2, 3)
+        >>> ev = [ModuleCall("fc1", "Linear", False, x, 90 * x), ModuleCall("", "Net", False, x, x)]
+        >>> tr = [ModuleCall("fc1", "Linear", True, x, x), ModuleCall("", "Net", True, x, x)]
+        >>> call, ratio = first_scale_change(ev, tr)
+        >>> call.name, ratio
+        ('fc1', 90.0)
+    """
+    for ce, ct in zip(eval_calls, train_calls, strict=False):
+        if ce.name != ct.name:
+            return None
+        ratio = _scale_ratio(ce.output, ct.output)
+        if _off(ratio, factor) and not _off(_scale_ratio(ce.inputs, ct.inputs), factor):
+            return ce, float(ratio) if ratio is not None else math.inf
+    return None
+
+
+def eval_broken_before_training(run: GapRun, *, chance: float, module: str | None = None,
+                                module_kind: str | None = None, scale: float | None = None,
+                                ratio: float = START_RATIO,
+                                train_max: float = START_TRAIN_MAX) -> Verdict | None:
+    """``mode.eval_broken_before_training`` when a validation run before training (the sanity
+    check, or the first validation) gives an eval-mode loss at least ``ratio`` times the chance
+    level and the training-mode loss of the same examples, the training-mode loss being at most
+    ``train_max`` times chance; ``None`` otherwise. ``module`` (with its type and output
+    ``scale`` ratio) is where the eval-mode pass first departs (:func:`first_scale_change`).
+
+    Example:
+        >>> v = eval_broken_before_training(GapRun(0, 156.5, 2.35, sanity=True), chance=2.303,
+        ...                                 module="fc1", module_kind="Linear", scale=95.0)
+        >>> v.code, v.layer, round(v.evidence["chance_multiple"])
+        ('mode.eval_broken_before_training', 'fc1', 68)
+        >>> eval_broken_before_training(GapRun(0, 4.0, 2.4, sanity=True), chance=2.303) is None
+        True
+    """
+    e, t = run.eval_loss, run.train_loss
+    if not (math.isfinite(t) and chance > 0 and math.isfinite(chance)):
+        return None
+    if t > train_max * chance:
+        return None
+    if math.isfinite(e) and (e < ratio * chance or e < ratio * t):
+        return None
+    when = "the sanity check" if run.sanity else f"the first validation (step {run.step})"
+    if module is not None:
+        times = "non-finite" if scale is None or not math.isfinite(scale) else f"{scale:.3g}x"
+        where = (f" `{module}` ({module_kind}) is the first module whose output changes scale "
+                 f"between the modes from the same input (eval/train output scale {times}).")
+    else:
+        where = " No single module's output changes scale first (the difference is in code " \
+                "outside modules or builds up)."
+    return Verdict(
+        "mode.eval_broken_before_training", run.step,
+        f"At {when}, the loss of the same validation examples is {e:.4g} in eval mode and "
+        f"{t:.4g} in training mode ({e / chance if math.isfinite(e) else math.inf:.3g}x the chance "
+        f"level {chance:.4g}): eval mode reads state that only a training-mode forward sets, so "
+        f"every evaluation before training is wrong.{where}",
+        layer=module or None,
+        evidence={"eval_loss": e, "train_mode_loss": t, "chance": chance,
+                  "chance_multiple": e / chance, "sanity_check": run.sanity,
+                  "module": module, "module_type": module_kind, "scale_ratio": scale},
+    )
+
+
 __all__ = ["DIFF_TOLERANCE", "GAP_MIN_FRACTION", "GAP_MIN_STEPS", "GAP_RATIO", "GAP_SHRINK",
-           "Divergence", "GapRun", "ModuleCall", "eval_loss_gap", "first_divergence",
+           "SCALE_FACTOR", "START_RATIO", "START_TRAIN_MAX",
+           "Divergence", "GapRun", "ModuleCall", "eval_broken_before_training", "eval_loss_gap",
+           "first_divergence", "first_scale_change",
            "nondeterministic_eval", "relative_difference"]

@@ -308,19 +308,21 @@ def labels_are_inputs(inputs: Tensor | None, targets: Tensor | None,
 def target_shift(inputs: Tensor, target: Tensor, ignore_index: int = -100) -> int | None:
     """By how many positions a target tensor given to a loss leads the inputs: ``1`` when
     ``target[:, t] == inputs[:, t + 1]`` (next-token: the labels were shifted), ``0`` when it is
-    the inputs themselves, ``None`` for neither (``ignore_index`` entries skipped; a flattened
-    target is read as ``(N, -1)``).
+    the inputs themselves, ``2`` when it leads by two (labels shifted twice), ``None`` for none
+    of these (``ignore_index`` entries skipped; a flattened target is read as ``(N, -1)``).
 
     Example:
         >>> ids = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]])
         >>> target_shift(ids, ids[:, 1:].reshape(-1)), target_shift(ids, ids), target_shift(ids, ids.flip(1))
         (1, 0, None)
+        >>> target_shift(ids, ids[:, 2:])
+        2
     """
     n, length = inputs.shape[:2]
     if target.is_floating_point() or target.numel() == 0 or target.numel() % n:
         return None
     rows = target.reshape(n, -1)
-    for shift in (1, 0):
+    for shift in (1, 0, 2):
         span = min(rows.shape[1], length - shift)
         part, seen = rows[:, :span], inputs[:, shift:shift + span].to(rows.device)
         kept = part != ignore_index

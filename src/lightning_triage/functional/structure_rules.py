@@ -202,6 +202,49 @@ def causal_reason(causal: bool | None, inputs: Tensor, targets: Tensor | None,
     return None
 
 
+# ---------------------------------------------------------------------- label alignment
+def label_misaligned(shift: int, fn_name: str, *, user_shifted: bool, model: str,
+                     sequences: int, length: int, causal_model: bool = False) -> Verdict | None:
+    """``structure.label_misaligned`` from the offset ``shift`` between the targets a loss
+    function (``fn_name``) was given and the inputs, as a probe pass saw them: ``2`` (every
+    position scored against the token two ahead: labels shifted by the user, then again by the
+    model, as transformers' causal LMs shift ``labels`` inside), or ``0`` for a ``causal_model``
+    (each position scored against its own token, which it sees: the shift is missing);
+    ``None`` otherwise (``1`` is next-token prediction; ``0`` for a bidirectional model is a
+    reconstruction).
+
+    Example:
+        >>> v = label_misaligned(2, "cross_entropy", user_shifted=True, model="GPT2LMHeadModel",
+        ...                      sequences=8, length=16)
+        >>> v.code, v.evidence["loss_offset"], v.evidence["labels_shifted_by_user"]
+        ('structure.label_misaligned', 2, True)
+        >>> label_misaligned(1, "cross_entropy", user_shifted=True, model="M", sequences=8,
+        ...                  length=16) is None
+        True
+    """
+    if shift == 2:
+        who = ("`labels` were already shifted by one (labels[:, t] == input_ids[:, t + 1]) and "
+               f"`{model}` shifts them again inside its loss" if user_shifted else
+               "the targets are shifted twice before the loss")
+        what = (f"the loss (`{fn_name}`) scores each position against the token two positions "
+                f"ahead: {who}. Every position is trained to predict two tokens ahead, and "
+                "validation measures the same wrong task")
+    elif shift == 0 and causal_model:
+        what = (f"the loss (`{fn_name}`) scores each position against its own input token "
+                f"(`labels = input_ids`, not shifted), and `{model}` is causal: each position "
+                "sees the token it must predict, so the model learns to copy, not to predict "
+                "the next token")
+    else:
+        return None
+    return Verdict(
+        "structure.label_misaligned", 0,
+        f"On {sequences} sequence(s) of {length} tokens, {what}.",
+        evidence={"loss_offset": shift, "labels_shifted_by_user": user_shifted,
+                  "loss_function": fn_name, "model": model, "causal_model": causal_model,
+                  "sequences": sequences, "length": length},
+    )
+
+
 # ---------------------------------------------------------------------- padding
 def padding_skipped(message: str, why: str, **evidence: Any) -> Verdict:
     """``structure.probe_skipped`` for the padding probe (``message`` is the whole sentence)."""
@@ -267,6 +310,7 @@ __all__ = [
     "causal_leak",
     "causal_reason",
     "framework_broadcasts",
+    "label_misaligned",
     "padding_leak",
     "padding_nondeterministic",
     "padding_unaligned",

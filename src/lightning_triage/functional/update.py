@@ -427,6 +427,61 @@ def frozen_running_stats_verdict(moved: Mapping[str, float], kinds: Mapping[str,
                              "batches": steps_seen})
 
 
+# ---------------------------------------------------------------------- 5. late freezing
+def late_freeze_verdict(moved: Mapping[str, float], step: int, universe: Mapping[str, int], *,
+                        steps_trained: int, running_stats: Mapping[str, float] | None = None,
+                        deliberate: bool = False, exact: bool = True) -> Verdict | None:
+    """``wiring.frozen_late``: parameters that were trainable for the first ``steps_trained``
+    optimizer steps and are frozen (``requires_grad=False``) from ``step`` on, after moving.
+
+    Args:
+        moved: each newly frozen parameter and how far it moved since the first batch, relative
+            to its norm then: ``||w - w0|| / ||w0||`` (``exact``), else the relative change of its
+            norm (a lower bound: ``||w - w0|| >= | ||w|| - ||w0|| |``).
+        step: the first optimizer step at which they were seen frozen.
+        universe: every parameter and its number of values (for naming).
+        steps_trained: the optimizer steps they were trainable for.
+        running_stats: BatchNorm-like layers among them and the relative change of their
+            running statistics' norm over the same steps.
+        deliberate: the freeze came after at least one full epoch of training (a schedule that
+            freezes on purpose): info instead of a warning.
+        exact: ``moved`` holds distances, not norm changes.
+
+    Returns:
+        The verdict, or ``None`` when no parameter measurably moved before the freeze (frozen
+        before its first update: nothing was lost).
+
+    Example:
+        >>> v = late_freeze_verdict({"stem.weight": 0.04, "stem.bias": 0.1}, 15,
+        ...                         {"stem.weight": 64, "stem.bias": 8, "head.weight": 8},
+        ...                         steps_trained=15, running_stats={"stem_bn": 0.9})
+        >>> v.code, v.layer, v.severity, v.evidence["max_moved"]
+        ('wiring.frozen_late', 'stem', None, 0.1)
+    """
+    names = list(moved)  # named together: a bias a BatchNorm cancels may not have moved
+    if steps_trained <= 0 or not any(v > 0.0 for v in moved.values()):
+        return None
+    top = max(moved.values())
+    stats = {k: v for k, v in (running_stats or {}).items() if v > 0.0}
+    bn = (f"; the running statistics of {', '.join(f'`{k}`' for k in list(stats)[:4])} moved "
+          f"too (norm up to {100 * max(stats.values()):.3g}%)") if stats else ""
+    why = (" after more than one epoch of training: a freeze schedule, if deliberate." if
+           deliberate else " from the first steps: they were meant to be frozen from the start?")
+    return Verdict(
+        "wiring.frozen_late", step,
+        f"{_names(names, universe)} trained for the first {steps_trained} optimizer step(s) and "
+        f"are frozen (`requires_grad=False`) from step {step} on, having moved "
+        f"{'' if exact else 'at least '}{100 * top:.3g}% of their norm at the first batch "
+        f"({'||w - w0|| / ||w0||' if exact else 'the change of their norms'}){bn}. Frozen "
+        f"late{why}",
+        layer=_first_module(names, universe), severity="info" if deliberate else None,
+        evidence={"params": names[:32], "count": len(names), "steps_trained": steps_trained,
+                  "frozen_from_step": step, "max_moved": top,
+                  "moved": {n: moved[n] for n in names[:32]}, "running_stats_moved": stats,
+                  "deliberate": deliberate, "exact": exact},
+    )
+
+
 __all__ = [
     "CONSISTENT_AFTER",
     "FORWARD",
@@ -437,6 +492,7 @@ __all__ = [
     "frozen_change_verdict",
     "frozen_running_stats",
     "frozen_running_stats_verdict",
+    "late_freeze_verdict",
     "outside_change_verdicts",
     "stepping_verdict",
     "tensor_norms",

@@ -40,17 +40,26 @@ from lightning_triage.functional.data.labels import (
     label_signal,
     target_range,
 )
-from lightning_triage.functional.data.shift import FeatureMoments, Shift, input_shift
+from lightning_triage.functional.data.shift import (
+    FeatureExtremes,
+    FeatureMoments,
+    Outlier,
+    Shift,
+    input_shift,
+    val_outlier,
+)
 
 __all__ = [
     "CHUNK_ELEMENTS",
     "FEATURES",
     "MAX_SUMMARY_ELEMENTS",
     "TINY_MIN_FEATURES",
+    "FeatureExtremes",
     "FeatureMoments",
     "FingerprintStore",
     "Imbalance",
     "LabelSignal",
+    "Outlier",
     "RangeCheck",
     "Shift",
     "TensorSummary",
@@ -71,4 +80,5 @@ __all__ = [
     "scale_verdict",
     "summarize_tensor",
     "target_range",
+    "val_outlier",
 ]

@@ -89,8 +89,11 @@ def short_size(batch: Any, batch_size: int) -> int | None:
     The batch is short when it holds at least one tensor and none of its tensors has
     ``batch_size`` or more entries along its leading dimension, nor ``batch_size`` entries along
     its second one (a time-major ``(T, B)`` batch). Packed sequences (an entry named as in
-    :data:`PACKING_MARKERS`) and batches without tensors are never short. The size returned is
-    the largest leading dimension.
+    :data:`PACKING_MARKERS`) are short when the examples they hold
+    (:func:`packed_examples`: the sequence starts of ``position_ids``) are fewer than
+    ``batch_size``, whatever the shape: a ``(1, T)`` row of a collate that kept one example.
+    Batches without tensors are never short. The size returned is the largest leading
+    dimension (the examples held, for packed sequences).
 
     Example:
         >>> import torch
@@ -100,17 +103,47 @@ def short_size(batch: Any, batch_size: int) -> int | None:
         4
         >>> short_size(torch.zeros(5, 8), 8) is None  # time-major (T, B)
         True
+        >>> one = {"input_ids": torch.ones(1, 6, dtype=torch.long),
+        ...        "position_ids": torch.arange(6)[None]}  # one example of 6 tokens, packed
+        >>> short_size(one, 8)
+        1
     """
+    tensors = list(iter_tensors(batch))
+    if any(marker in path for path, _ in tensors for marker in PACKING_MARKERS):
+        held = packed_examples(tensors)
+        return held if held is not None and held < batch_size else None
     largest = None
-    for path, t in iter_tensors(batch):
-        if any(marker in path for marker in PACKING_MARKERS):
-            return None
+    for _, t in tensors:
         if t.layout != torch.strided or t.is_nested or t.ndim == 0:
             continue
         if t.shape[0] >= batch_size or (t.ndim > 1 and t.shape[1] == batch_size):
             return None
         largest = max(largest or 0, int(t.shape[0]))
     return largest
+
+
+def packed_examples(tensors: Sequence[tuple[str, torch.Tensor]]) -> int | None:
+    """The examples a packed batch holds (several sequences in one row): the starts of
+    sequences in its ``position_ids`` (each packed example restarts at position 0, as Hugging
+    Face's ``DataCollatorWithFlattening`` writes them), else the intervals of its cumulative
+    sequence lengths (``cu_seq_lens``: one more boundary than sequences); ``None`` when neither
+    is there.
+
+    Example:
+        >>> import torch
+        >>> pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+        >>> packed_examples([("batch['position_ids']", pos)])
+        3
+        >>> packed_examples([("batch['cu_seq_lens_q']", torch.tensor([0, 3, 5, 9]))])
+        3
+    """
+    for path, t in tensors:
+        if "position_ids" in path and not t.is_floating_point() and t.numel():
+            return int((t == 0).sum())
+    for path, t in tensors:
+        if "cu_seq" in path and not t.is_floating_point() and t.ndim == 1 and t.numel() >= 2:
+            return int(t.numel()) - 1
+    return None
 
 
 @dataclass

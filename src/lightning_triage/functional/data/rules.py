@@ -21,7 +21,7 @@ from lightning_triage.functional.data.inputs import (
     scale_verdict,
 )
 from lightning_triage.functional.data.labels import LabelSignal, class_imbalance, target_range
-from lightning_triage.functional.data.shift import Shift
+from lightning_triage.functional.data.shift import OUTLIER_SCALES, Outlier, Shift
 from lightning_triage.functional.verdict import Verdict
 
 
@@ -259,6 +259,36 @@ def shift_rule(result: Shift, train_examples: int, val_examples: int) -> Verdict
                   "val_mean": result.val_mean, "train_std": result.train_std,
                   "val_std": result.val_std, "train_examples": train_examples,
                   "val_examples": val_examples})
+
+
+def val_outlier_rule(result: Outlier | None, train_examples: int,
+                     scales: float = OUTLIER_SCALES) -> Verdict | None:
+    """``data.val_outlier``: a validation value at least ``scales`` training scales from its
+    feature's training mean (see :func:`~lightning_triage.functional.data.shift.val_outlier`).
+
+    Example:
+        >>> o = Outlier(56, (0, 2, 7), 3e8, 0.0, 0.0, 3e8)
+        >>> v = val_outlier_rule(o, 1438)
+        >>> v.code, v.evidence["feature"], v.evidence["val_batch"], v.evidence["example"]
+        ('data.val_outlier', 56, 2, 7)
+    """
+    if result is None or not result.scales >= scales:
+        return None
+    loader, batch, row = result.where
+    place = f"validation batch {batch}" + (f" of loader {loader}" if loader else "")
+    const = (" (constant in the training data: a standardization that divides by its zero std, "
+             "clamped to a tiny value?)" if result.train_std == 0 else "")
+    return Verdict(
+        "data.val_outlier", None,
+        f"Example {row} of {place} has feature {result.feature} = {result.value:.4g}, "
+        f"{result.scales:.3g} training scales from that feature's training mean "
+        f"{result.train_mean:.4g} (training std {result.train_std:.4g}{const}; "
+        f"{train_examples} training examples).",
+        evidence={"feature": result.feature, "value": result.value,
+                  "train_mean": result.train_mean, "train_std": result.train_std,
+                  "scales": result.scales, "val_loader": loader, "val_batch": batch,
+                  "example": row, "train_examples": train_examples},
+    )
 
 
 def duplicates_rule(n: int, repeats: int, largest: int, *, per_example: int, fraction: float,

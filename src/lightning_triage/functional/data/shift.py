@@ -10,7 +10,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_triage.functional.data.inputs import FEATURES, flat_features
+from lightning_triage.functional.data.inputs import FEATURES, _downsample_index, flat_features
+
+#: A validation value this many training scales away from the training mean of its feature is
+#: an extreme outlier (the scale: the feature's training std, at least the median std of the
+#: features, so that a feature constant in training is judged on the data's own scale).
+OUTLIER_SCALES = 1000.0
 
 
 class FeatureMoments:
@@ -59,6 +64,118 @@ class FeatureMoments:
         s, sq = state.get("sum"), state.get("sumsq")
         self.sum = None if s is None else torch.tensor(s, dtype=torch.float64)
         self.sumsq = None if sq is None else torch.tensor(sq, dtype=torch.float64)
+
+
+class FeatureExtremes:
+    """Per-feature largest and smallest values of one split, and where each was seen
+    (``(dataloader_idx, batch_idx, row)``), over the same features as :class:`FeatureMoments`.
+
+    Example:
+        >>> e = FeatureExtremes()
+        >>> e.update(torch.tensor([[0.0, 1.0], [5.0, -2.0]]), (0, 3))
+        >>> e.high.tolist(), e.where(0, high=True)
+        ([5.0, 1.0], (0, 3, 1))
+    """
+
+    def __init__(self, keep: int = FEATURES) -> None:
+        self.keep = keep
+        self.width = 0
+        self.high: Tensor | None = None
+        self.low: Tensor | None = None
+        self._high_at: list[tuple[int, int, int]] = []
+        self._low_at: list[tuple[int, int, int]] = []
+
+    def update(self, t: Tensor, key: tuple[int, int]) -> None:
+        x = flat_features(t, self.keep).double()
+        if x.shape[0] == 0 or (self.high is not None and self.high.shape[0] != x.shape[1]):
+            return
+        x = x.cpu()
+        finite = torch.isfinite(x)
+        hi, hi_row = torch.where(finite, x, -math.inf).max(0)
+        lo, lo_row = torch.where(finite, x, math.inf).min(0)
+        if self.high is None or self.low is None:
+            self.width = int(t.reshape(t.shape[0], -1).shape[1]) if t.ndim > 1 else 1
+            self.high, self.low = hi, lo
+            self._high_at = [(*key, int(r)) for r in hi_row.tolist()]
+            self._low_at = [(*key, int(r)) for r in lo_row.tolist()]
+            return
+        for f in torch.nonzero(hi > self.high).flatten().tolist():
+            self._high_at[f] = (*key, int(hi_row[f]))
+        for f in torch.nonzero(lo < self.low).flatten().tolist():
+            self._low_at[f] = (*key, int(lo_row[f]))
+        self.high, self.low = torch.maximum(self.high, hi), torch.minimum(self.low, lo)
+
+    def where(self, feature: int, high: bool) -> tuple[int, int, int]:
+        return (self._high_at if high else self._low_at)[feature]
+
+    def feature_index(self, feature: int) -> int:
+        """The index in the flattened example of feature ``feature`` (of the kept subset)."""
+        index = _downsample_index(self.width, self.keep, torch.device("cpu"))
+        return feature if index is None else int(index[feature])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"keep": self.keep, "width": self.width,
+                "high": None if self.high is None else self.high.tolist(),
+                "low": None if self.low is None else self.low.tolist(),
+                "high_at": [list(a) for a in self._high_at],
+                "low_at": [list(a) for a in self._low_at]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.keep = int(state.get("keep", self.keep))
+        self.width = int(state.get("width", 0))
+        hi, lo = state.get("high"), state.get("low")
+        self.high = None if hi is None else torch.tensor(hi, dtype=torch.float64)
+        self.low = None if lo is None else torch.tensor(lo, dtype=torch.float64)
+        self._high_at = [(int(a), int(b), int(c)) for a, b, c in state.get("high_at", [])]
+        self._low_at = [(int(a), int(b), int(c)) for a, b, c in state.get("low_at", [])]
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """The validation value farthest from the training data: its feature (index in the
+    flattened example), where it was seen, its value, the feature's training mean and std, and
+    how many training scales away it is."""
+
+    feature: int
+    where: tuple[int, int, int]
+    value: float
+    train_mean: float
+    train_std: float
+    scales: float
+
+
+def val_outlier(train: FeatureMoments, val: FeatureExtremes) -> Outlier | None:
+    """The validation value farthest from its feature's training mean, in training scales
+    (the feature's training std, at least the median training std over the features, so that a
+    feature constant in training is judged on the data's scale); ``None`` without statistics.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> m, e = FeatureMoments(), FeatureExtremes()
+        >>> m.update(torch.randn(200, 4, generator=g))
+        >>> v = torch.randn(50, 4, generator=g)
+        >>> v[7, 2] = 3e6
+        >>> e.update(v, (0, 1))
+        >>> o = val_outlier(m, e)
+        >>> o.feature, o.where, o.scales > 1e6
+        (2, (0, 1, 7), True)
+    """
+    if train.count < 2 or train.sum is None or val.high is None or val.low is None:
+        return None
+    if train.sum.shape != val.high.shape:
+        return None
+    mean, std = train.mean(), train.var().sqrt()
+    positive = std[std > 0]
+    floor = float(positive.median()) if positive.numel() else 1.0
+    scale = torch.clamp(std, min=floor)
+    up, down = (val.high - mean) / scale, (mean - val.low) / scale
+    far = torch.maximum(up, down)
+    far = torch.where(torch.isfinite(far), far, torch.zeros_like(far))
+    f = int(far.argmax())
+    high = bool(up[f] >= down[f])
+    return Outlier(val.feature_index(f), val.where(f, high),
+                   float(val.high[f] if high else val.low[f]), float(mean[f]), float(std[f]),
+                   float(far[f]))
 
 
 @dataclass(frozen=True)

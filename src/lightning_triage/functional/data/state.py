@@ -13,7 +13,7 @@ from torch import Tensor
 from lightning_triage.functional.data.duplicates import FingerprintStore, example_fingerprints
 from lightning_triage.functional.data.inputs import flat_features
 from lightning_triage.functional.data.labels import class_counts
-from lightning_triage.functional.data.shift import FeatureMoments
+from lightning_triage.functional.data.shift import FeatureExtremes, FeatureMoments
 
 
 @dataclass
@@ -51,6 +51,7 @@ class DataRunState:
     reported: set[str] = field(default_factory=set)
     train_moments: FeatureMoments = field(default_factory=FeatureMoments)
     val_moments: FeatureMoments = field(default_factory=FeatureMoments)
+    val_extremes: FeatureExtremes = field(default_factory=FeatureExtremes)
     probe_x: list[Tensor] = field(default_factory=list)
     probe_y: list[Tensor] = field(default_factory=list)
     probe_count: int = 0
@@ -139,6 +140,7 @@ class DataRunState:
             "reported": sorted(self.reported),
             "train_moments": self.train_moments.state_dict(),
             "val_moments": self.val_moments.state_dict(),
+            "val_extremes": self.val_extremes.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -157,3 +159,4 @@ class DataRunState:
         self.reported = set(state.get("reported", []))
         self.train_moments.load_state_dict(state.get("train_moments", {}))
         self.val_moments.load_state_dict(state.get("val_moments", {}))
+        self.val_extremes.load_state_dict(state.get("val_extremes", {}))
