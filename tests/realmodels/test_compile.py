@@ -11,6 +11,7 @@ softmax are caught; their fixed twins stay silent.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,9 +32,24 @@ from tests.callbacks.test_nonfinite_tracer import data as tracer_data
 from tests.probe_models import DoubleSoftmax, EncoderHead, digits, mlp
 from tests.realmodels.models import problems, quiet_trainer
 
-pytestmark = pytest.mark.skipif(
-    not any(shutil.which(cc) for cc in ("cc", "gcc", "g++", "clang")),
-    reason="inductor needs a C++ compiler")
+
+def _inductor_fails() -> str | None:
+    """Why inductor cannot compile these fits on this machine (``None``: it can)."""
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "g++", "clang")):
+        return "inductor needs a C++ compiler"
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        # seen with torch 2.13: the bare compiled fit fails too (C++ compile error, "`at::vec`
+        # has not been declared" in a vectorized kernel); the mechanism is tested without
+        # inductor in tests/probing/test_compiled.py
+        return "torch 2.13's inductor does not compile these kernels under ATEN_CPU_CAPABILITY=default"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _inductor() -> None:
+    why = _inductor_fails()
+    if why is not None:
+        pytest.skip(why)
 
 
 @contextmanager
