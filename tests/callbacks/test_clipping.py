@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from lightning_triage import GradientMonitor, Triage
 from lightning_triage.callbacks.base import collect_checks
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
-from lightning_triage.findings import explain_findings, start_here
+from lightning_triage.ranking import explain_findings, start_here
 from tests.helpers import make_trainer, seeds
 
 FIT = dict(max_epochs=1, limit_train_batches=20, limit_val_batches=1)

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_triage import StructureProbe, Triage
 from lightning_triage.callbacks.base import collect_checks
 from lightning_triage.demo.sequences import TinyLM, random_token_loaders
-from lightning_triage.findings import explain_findings, start_here
+from lightning_triage.ranking import explain_findings, start_here
 from tests.helpers import make_trainer, seeds
 
 pytest.importorskip("transformers")

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from lightning_triage import Triage, UpdateContractCheck
 from lightning_triage.callbacks.base import collect_checks
 from lightning_triage.demo.digits import digits_loaders
-from lightning_triage.findings import explain_findings, start_here
+from lightning_triage.ranking import explain_findings, start_here
 from tests.helpers import make_trainer, seeds
 
 #: Validation at the end of each 15-batch epoch, no sanity check: Lightning's first `eval()`
