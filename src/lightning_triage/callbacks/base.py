@@ -144,6 +144,12 @@ class TriageCallback(Callback):
             TriageCallback.idle_version += 1
             self._idle = value
 
+    def needs_hook(self, hook: str) -> bool:
+        """Whether the :class:`Triage` bundle must still call the per-step ``hook`` on this
+        check (read at the first step and whenever a check goes :attr:`idle`): ``False`` once
+        idle; a check whose per-step hook only serves one set-up says so for that hook."""
+        return not self.idle
+
     # ------------------------------------------------------------------ findings
     @property
     def check_name(self) -> str:

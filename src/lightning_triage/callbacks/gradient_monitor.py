@@ -325,6 +325,13 @@ class GradientMonitor(TriageCallback, WindowMixin):
             self._skip(state.total)
 
     @override
+    def needs_hook(self, hook: str) -> bool:
+        if hook == "on_after_backward":  # only to measure the user's own clipping (manual)
+            return (self._manual and not self.idle and not self.window_closed
+                    and len(self.clip_kept) < CLIP_STEPS)
+        return super().needs_hook(hook)
+
+    @override
     @guarded
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # manual optimization: the norm backward produced (unscaled) against the norm at the

@@ -27,6 +27,12 @@ _PER_STEP = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_
                        "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"})
 
 
+def _needs(callback: Callback, hook: str) -> bool:
+    """Whether a member (a check, or the report's recorder) still needs the per-step ``hook``."""
+    needs = getattr(callback, "needs_hook", None)
+    return bool(needs(hook)) if callable(needs) else not getattr(callback, "idle", False)
+
+
 class Triage(Callback):
     """Run the whole triage protocol and write one report: add this to your ``Trainer``.
 
@@ -239,8 +245,7 @@ class Triage(Callback):
         self._active, self._active_version = {}, TriageCallback.idle_version
         for hook in _PER_STEP:
             callees = self._active[hook] = [
-                c for c in self._all_callees(hook)
-                if not getattr(c[0], "idle", False)]  # the checks and the report's recorder
+                c for c in self._all_callees(hook) if _needs(c[0], hook)]
             if not callees and self._in_fit:
                 skip_hook(self, hook)
 
