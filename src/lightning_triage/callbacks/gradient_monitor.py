@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_triage._compat import StepCounter, fp16_amp, grad_scaler, step_counter
+from lightning_triage._compat import StepCounter, fp16_amp, step_counter
 from lightning_triage.callbacks._args import (
     BundleArg,
     bundle_window_cap,
@@ -28,6 +28,7 @@ from lightning_triage.callbacks._args import (
     check_int,
     passes,
 )
+from lightning_triage.callbacks._clipping import CLIP_STEPS, scaler_of, total_norm, user_clip
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
     log_finding,
@@ -65,36 +66,6 @@ _UNIT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 _MAX_LAYER_ROWS = 128  # columns (steps) of the report's per-layer heatmap
-#: Manual optimization: the first steps whose clipping is measured (two host reads per step).
-CLIP_STEPS = 30
-
-
-def _total_norm(params: list[nn.Parameter]) -> float:
-    grads = [p.grad for p in params if p.grad is not None and is_plain(p.grad)]
-    if not grads:
-        return math.nan
-    return float(torch.linalg.vector_norm(torch.stack(
-        [torch.linalg.vector_norm(g.detach().double()) for g in grads])))
-
-
-def _scaler_of(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
-    """The gradient scaler that scales this run's backward: Lightning's (fp16 AMP), else one
-    the module holds as an attribute (manual optimization with the user's own scaler)."""
-    found = grad_scaler(trainer)
-    if found is not None:
-        return found
-    return next((v for v in vars(pl_module).values() if isinstance(v, torch.amp.GradScaler)),
-                None)
-
-
-def user_clip(trainer: pl.Trainer) -> float | None:
-    """The user's ``gradient_clip_val`` when it clips the total norm (``None``: no clipping, or
-    clipping by value, which bounds entries, not the norm)."""
-    val = getattr(trainer, "gradient_clip_val", None)
-    algorithm = str(getattr(trainer, "gradient_clip_algorithm", None) or "norm").lower()
-    if not isinstance(val, (int, float)) or val <= 0 or not algorithm.endswith("norm"):
-        return None
-    return float(val)
 
 
 class GradientMonitor(TriageCallback, WindowMixin):
@@ -302,7 +273,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             inner = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer's own
             self._optimizer_name = type(inner).__name__
         if self._backward_norm is not None:  # manual optimization: what clipping kept
-            after, before = _total_norm(self._params), self._backward_norm
+            after, before = total_norm(self._params), self._backward_norm
             self._backward_norm = None
             if math.isfinite(after) and math.isfinite(before) and before > 0:
                 self.clip_kept.append(after / before)
@@ -341,9 +312,9 @@ class GradientMonitor(TriageCallback, WindowMixin):
             return
         if not self._params:
             self._build(trainer, pl_module)
-        scaler = _scaler_of(trainer, pl_module)
+        scaler = scaler_of(trainer, pl_module)
         scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
-        norm = _total_norm(self._params)
+        norm = total_norm(self._params)
         self._backward_norm = norm / scale if scale > 0 else math.nan
 
     def _clipping(self, step: int) -> Verdict | None:
