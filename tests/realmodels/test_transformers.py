@@ -129,4 +129,6 @@ def test_labels_equal_to_inputs_without_a_shift_in_the_loss_is_not_next_token(tm
     quiet_trainer(tmp_path, [probe], max_steps=1).fit(HFModule(BertForMaskedLM(config)),
                                                       token_loaders("lm")[0])
     assert "causal" not in probe.results
+    # nor a missing shift: the loss scores each position against its own label by design
+    assert probe.results.get("labels") == "loss offset 0"
     assert probe.findings == []
