@@ -22,7 +22,6 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from lightning_triage import NonFiniteTracer, Triage
 from lightning_triage.testing import CountingBackend
@@ -30,7 +29,7 @@ from tests.callbacks.structure_models import DecoderLM, next_token_loader
 from tests.callbacks.test_nonfinite_tracer import Growing
 from tests.callbacks.test_nonfinite_tracer import data as tracer_data
 from tests.probe_models import DoubleSoftmax, EncoderHead, digits, mlp
-from tests.realmodels.models import problems, quiet_trainer
+from tests.realmodels.models import DigitsCE, problems, quiet_trainer
 
 
 def _inductor_fails() -> str | None:
@@ -69,7 +68,7 @@ def fresh_dynamo(cold: bool = False) -> Iterator[None]:
         torch._dynamo.reset()
 
 
-class CompiledClassifier(pl.LightningModule):
+class CompiledClassifier(DigitsCE):
     """The digits MLP, compiled as the user chooses: ``"init"`` (`torch.compile` of a submodule
     in `__init__`), ``"configure_model"`` (the same in `configure_model`), ``"fit"`` (the whole
     LightningModule passed to `fit` compiled)."""
@@ -88,16 +87,6 @@ class CompiledClassifier(pl.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        x, y = batch
-        return F.cross_entropy(self(x), y)
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_loss", F.cross_entropy(self(x), y))
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
 def fit_compiled(tmp_path: Path, where: str, precision: str, with_triage: bool,

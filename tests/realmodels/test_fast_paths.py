@@ -18,7 +18,15 @@ from torch.nn import functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torch.utils.data import DataLoader
 
-from tests.realmodels.models import LENGTH, VOCAB, Tokens, problems, quiet_trainer, triage
+from tests.realmodels.models import (
+    LENGTH,
+    VOCAB,
+    LossSteps,
+    Tokens,
+    problems,
+    quiet_trainer,
+    triage,
+)
 
 D = 32
 
@@ -29,7 +37,7 @@ def loaders(task: str, seed: int = 0) -> tuple[DataLoader, DataLoader]:
     return train, DataLoader(Tokens(task, 32, seed + 100), batch_size=16)
 
 
-class Classifier(pl.LightningModule):
+class Classifier(LossSteps):
     """Embeds right-padded tokens, encodes them with ``kind``, mean-pools the real positions and
     classifies; ``training_step`` reads the dict batch."""
 
@@ -74,19 +82,11 @@ class Classifier(pl.LightningModule):
     def _loss(self, batch: dict[str, Tensor]) -> Tensor:
         return F.cross_entropy(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
-
     def configure_optimizers(self) -> Any:
         return torch.optim.Adam(self.parameters(), lr=3e-3)
 
 
-class CausalLM(pl.LightningModule):
+class CausalLM(LossSteps):
     """A one-block causal LM with ``F.scaled_dot_product_attention(is_causal=True)``, trained
     with ``labels = input_ids`` shifted in the loss (transformers' convention)."""
 
@@ -113,14 +113,6 @@ class CausalLM(pl.LightningModule):
         logits = self(batch["input_ids"])
         return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB),
                                batch["labels"][:, 1:].reshape(-1), ignore_index=-100)
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch))
 
     def configure_optimizers(self) -> Any:
         return torch.optim.Adam(self.parameters(), lr=3e-3)

@@ -13,16 +13,15 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 from torch.nn.utils import parametrizations
 from torch.utils.checkpoint import checkpoint
 
 from lightning_triage import Triage
 from tests.probe_models import digits
-from tests.realmodels.models import problems, quiet_trainer
+from tests.realmodels.models import DigitsCE, problems, quiet_trainer
 
 
-class Net(pl.LightningModule):
+class Net(DigitsCE):
     """A digits classifier built for one set-up of the stack."""
 
     def __init__(self, setup: str) -> None:
@@ -52,16 +51,6 @@ class Net(pl.LightningModule):
             h = self.body(x)
         return self.head(h)
 
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        x, y = batch
-        return F.cross_entropy(self(x), y)
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_loss", F.cross_entropy(self(x), y))
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
 def fit(tmp_path: Path, setup: str, callbacks: list[Any]) -> Tensor:
