@@ -18,12 +18,16 @@ from torch import nn
 DYNAMO_WRAPPED = "_torchdynamo_orig_callable"
 
 
-def optimized_module_type() -> type | None:
-    """``torch._dynamo.eval_frame.OptimizedModule`` (what ``torch.compile(module)`` returns),
-    ``None`` where dynamo is missing."""
+def dynamo_type(name: str) -> type | None:
+    """A class of ``torch._dynamo.eval_frame`` (``None`` where dynamo or the class is missing)."""
     eval_frame = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
-    found = getattr(eval_frame, "OptimizedModule", None)
+    found = getattr(eval_frame, name, None)
     return found if isinstance(found, type) else None
+
+
+def optimized_module_type() -> type | None:
+    """``OptimizedModule``, what ``torch.compile(module)`` returns (``None`` without dynamo)."""
+    return dynamo_type("OptimizedModule")
 
 
 def _compiled_itself(sub: nn.Module) -> bool:
@@ -82,5 +86,5 @@ def holds_compiled(value: Any) -> bool:
     return callable(value) and hasattr(value, DYNAMO_WRAPPED)
 
 
-__all__ = ["DYNAMO_WRAPPED", "compiled_parts", "holds_compiled", "optimized_module_type",
+__all__ = ["DYNAMO_WRAPPED", "compiled_parts", "dynamo_type", "holds_compiled", "optimized_module_type",
            "traced_by_compile"]

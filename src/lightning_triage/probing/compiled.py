@@ -22,12 +22,11 @@ import torch
 from torch import nn
 
 from lightning_triage._compat import forget_lightning_compile
-from lightning_triage.functional.compiled import DYNAMO_WRAPPED, holds_compiled
+from lightning_triage.functional.compiled import DYNAMO_WRAPPED, dynamo_type, holds_compiled
 
 
 def _is_dynamo_context(value: Any) -> bool:
-    eval_frame = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
-    context = getattr(eval_frame, "_TorchDynamoContext", None)
+    context = dynamo_type("_TorchDynamoContext")
     return context is not None and isinstance(value, context)
 
 
