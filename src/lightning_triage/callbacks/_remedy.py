@@ -28,6 +28,7 @@ from torch.nn.parameter import is_lazy
 
 from lightning_triage._compat import grad_scaler, is_overridden
 from lightning_triage.callbacks._mode_remedy import CHANGES as MODE_CHANGES
+from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.findings import Finding, sort_findings
 from lightning_triage.functional.batch import locate_batch
 from lightning_triage.functional.collection import map_tensors
@@ -75,7 +76,6 @@ MAX_BATCH_BYTES = 256 * 2**20
 MAX_STATE_BYTES = 2 * 2**30
 #: Fewer recorded steps than this: no trial.
 MIN_STEPS = 8
-_SHARDED = ("fsdp", "deepspeed", "modelparallel", "xla")
 
 
 class _OutOfTimeError(Exception):
@@ -100,8 +100,9 @@ def _nbytes(batch: Any) -> int:
 
 def unavailable(trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | None:
     """Why no learning-rate trial can run in this fit (``None``: it can)."""
-    strategy = type(trainer.strategy).__name__.lower()
-    if any(name in strategy for name in _SHARDED):
+    # the strategies the other fit-start probes skip, and XLA's (a copy on one device of a
+    # lazily executed, possibly sharded model is not the model)
+    if sharded_strategy(trainer) is not None or "xla" in type(trainer.strategy).__name__.lower():
         return (f"the `{type(trainer.strategy).__name__}` shards the model: a copy on one rank "
                 "is not the model")
     if not pl_module.automatic_optimization:
