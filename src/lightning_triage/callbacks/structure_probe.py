@@ -501,10 +501,9 @@ class StructureProbe(ProbeCallback):
         (``structure.label_misaligned`` for 2, and for 0 under a causal model)."""
         if x.is_floating_point() or x.dim() != 2 or x.shape[1] < 4 or y.is_floating_point():
             return
-        ignores = [*watch.loss_ignore, *[None] * len(watch.loss_targets)]
         shifts = [(name, target_shift(x, t, self.ignore_index), ignore)
-                  for (name, _), t, ignore in zip(watch.loss_inputs, watch.loss_targets, ignores,
-                                                  strict=False)]
+                  for (name, _), t, ignore in zip(watch.loss_inputs, watch.loss_targets,
+                                                  watch.loss_ignore, strict=True)]
         found = next(((n, k, i) for n, k, i in shifts if k in (0, 2)), None)
         if found is None:
             return
