@@ -26,15 +26,17 @@ SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 #: replayed ones: ``"lr_down_clip"`` (the learning rate divided *and* the gradients clipped at
 #: the median norm the replay saw), ``"standardize_input"`` (the main input standardized per
 #: channel with the recorded batches' statistics), ``"zero_grads"`` (the gradients zeroed before
-#: every backward), ``"add_params"`` (the parameters no optimizer holds added to a param group).
+#: every backward), ``"add_params"`` (the parameters no optimizer holds added to a param group),
+#: ``"realign_labels"`` (the batch's labels moved by the offset the structure probe found).
 #: The mode stage's, tried by the check at its probe: ``"eval_mode"`` (the validation path with
 #: every layer in eval mode), ``"gate_dropout"`` (its dropout calls gated on the mode).
 RemedyKind = Literal["lr_down", "lr_up", "lr_down_clip", "standardize_input", "zero_grads",
-                     "add_params", "eval_mode", "gate_dropout", "float32_replay", "causal",
-                     "none"]
+                     "add_params", "realign_labels", "eval_mode", "gate_dropout",
+                     "float32_replay", "causal", "none"]
 REMEDY_KINDS: tuple[RemedyKind, ...] = ("lr_down", "lr_up", "lr_down_clip", "standardize_input",
-                                        "zero_grads", "add_params", "eval_mode", "gate_dropout",
-                                        "float32_replay", "causal", "none")
+                                        "zero_grads", "add_params", "realign_labels",
+                                        "eval_mode", "gate_dropout", "float32_replay", "causal",
+                                        "none")
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,8 @@ _SPECS: tuple[CodeSpec, ...] = (
           "`cross_entropy(logits[:, :-1].flatten(0, 1), input_ids[:, 1:].flatten())`.",
           when="On the structure probe's pass over token inputs, the targets given to the loss lead "
                "the inputs by two positions (labels shifted twice), or are the inputs themselves "
-               "while the model is causal (no shift: each position sees its own target)."),
+               "while the model is causal (no shift: each position sees its own target).",
+          remedy="realign_labels"),
     _spec("structure.padding_leak", "warning", "Outputs at real positions depend on the padding",
           "Pass the padding mask to attention (`key_padding_mask`/`attention_mask`), pool over the "
           "real positions only (masked mean), and give padded targets `ignore_index`.",

@@ -41,6 +41,7 @@ def test_registry_declares_the_remedies() -> None:
         "data.unnormalized_input", "data.tiny_input_scale"}
     assert kinds["wiring.grads_not_zeroed"] == "zero_grads"
     assert kinds["wiring.params_not_in_optimizer"] == "add_params"
+    assert {c for c, k in kinds.items() if k == "realign_labels"} == {"structure.label_misaligned"}
     assert {c for c, k in kinds.items() if k == "lr_up"} == {
         "curve.lr_too_low", "curve.not_learning", "grad.update_ratio"}
     assert kinds["numerics.precision_overflow"] == "float32_replay"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -32,6 +32,7 @@ from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.findings import Finding, sort_findings
 from lightning_triage.functional.batch import locate_batch
 from lightning_triage.functional.collection import map_tensors
+from lightning_triage.functional.realign import LabelPlan, label_plan, label_symptom
 from lightning_triage.functional.remedy import (
     EVAL_KINDS,
     EXPERIMENT_KINDS,
@@ -234,6 +235,7 @@ class _Trial:
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.groups = len(optimizer.param_groups)
         self.variant = _AS_IS
+        self.measure: Callable[[Any], Any] | None = None  # applied to the evaluation batches
         self.norms: list[float] = []  # total gradient norm of each optimizer step (pre-clip)
         self.stale_steps = 0  # steps whose backward found gradients left from before
 
@@ -264,14 +266,16 @@ class _Trial:
         if rec.rng is not None:
             set_rng_state(rec.rng)
 
-    def _batch(self, i: int) -> Any:
+    def _batch(self, i: int, measuring: bool = False) -> Any:
         batch = self.recorder.batches[i]
-        if self.variant.transform is not None:
-            batch = self.variant.transform(batch)
+        transform = self.measure if measuring and self.measure is not None else \
+            self.variant.transform
+        if transform is not None:
+            batch = transform(batch)
         return map_tensors(lambda t: t.to(self.device), batch)
 
-    def _loss(self, i: int) -> Tensor:
-        loss = step_loss(run_user_step(self.trainer, self.model, self._batch(i)))
+    def _loss(self, i: int, measuring: bool = False) -> Tensor:
+        loss = step_loss(run_user_step(self.trainer, self.model, self._batch(i, measuring)))
         if loss is None:
             raise ProbeUnavailableError("`training_step` returned no loss")
         return loss
@@ -284,7 +288,7 @@ class _Trial:
         with torch.no_grad():
             for i in range(len(self.recorder.batches)):
                 self._check_time()
-                out.append(float(self._loss(i).detach().float()))
+                out.append(float(self._loss(i, measuring=True).detach().float()))
         return out
 
     def _check_time(self) -> None:
@@ -367,6 +371,7 @@ CHANGES: dict[str, str] = {
     "zero_grads": "the gradients zeroed before every backward",
     "add_params": "the parameters no optimizer holds added to a param group (the first "
                   "group's hyperparameters)",
+    "realign_labels": "the batch's labels moved by the offset the structure probe found",
 }
 
 
@@ -401,9 +406,14 @@ class _Plan:
 
 
 def _plan(kind: str, trial: _Trial, start: Sequence[float], as_is: Replay,
-          missing: Sequence[nn.Parameter], th: RemedyThresholds) -> _Plan | str:
+          missing: Sequence[nn.Parameter], th: RemedyThresholds,
+          labels: tuple[LabelPlan, tuple[bool, str]] | None = None) -> _Plan | str:
     """The variants of ``kind`` and the symptom (a string: why the trial cannot run)."""
     change = CHANGES[kind]
+    if labels is not None:  # realign_labels: the symptom was read off the recorded batches
+        plan, symptom = labels
+        return _Plan(symptom, [("realigned", _Variant("realigned", transform=plan.transform()))],
+                     plan.describe())
     if kind in LR_KINDS:
         down = kind != "lr_up"
         clip = _median(trial.norms) if kind == "lr_down_clip" else None
@@ -433,9 +443,22 @@ def _plan(kind: str, trial: _Trial, start: Sequence[float], as_is: Replay,
                  f"{change}: {len(missing)} tensor(s), {numel} values")
 
 
+def _labels(evidence: Mapping[str, Any], batches: Sequence[Any]
+            ) -> tuple[LabelPlan, tuple[bool, str]] | str:
+    """``realign_labels``: the realignment and the symptom in the recorded batches (a string:
+    why the labels cannot be realigned)."""
+    plan = label_plan(evidence)
+    if isinstance(plan, str):
+        return plan
+    symptom = label_symptom(plan, batches)
+    return symptom if isinstance(symptom, str) else (plan, symptom)
+
+
 def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: RemedyRecorder,
-              kind: str, thresholds: RemedyThresholds | None = None) -> dict[str, Any]:
-    """The ``remedy`` block of a replayed remedy (``kind`` one of :data:`EXPERIMENT_KINDS`)."""
+              kind: str, thresholds: RemedyThresholds | None = None,
+              evidence: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``remedy`` block of a replayed remedy (``kind`` one of :data:`EXPERIMENT_KINDS`;
+    ``evidence``: the lead's, which says where the labels are for ``realign_labels``)."""
     th = thresholds or RemedyThresholds()
     block: dict[str, Any] = {"kind": kind, "change": CHANGES[kind], "verdict": "skipped"}
     if recorder.reason is not None:
@@ -447,6 +470,9 @@ def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Reme
     if kind == "standardize_input" and len(_inputs(recorder.batches)) < steps:
         return {**block, "reason": "the recorded batches have no float input tensor to "
                                    "standardize (or it could not be told which one is the input)"}
+    labels = _labels(evidence or {}, recorder.batches) if kind == "realign_labels" else None
+    if isinstance(labels, str):
+        return {**block, "reason": labels}
     budget = _budget(recorder)
     started = time.perf_counter()
     recorder.trials += 1
@@ -457,13 +483,15 @@ def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Reme
                 return {**block, "reason": f"no copy of the model ({probe.how})"}
             trial = _Trial(trainer, probe.module, probe.optimizers[0], recorder,
                            started + budget)
+            if labels is not None:  # every loss measured on the realigned labels
+                trial.measure = labels[0].transform()
             trial.reset()
             base = _lrs(trial.optimizer)
             start = trial.evaluate()
             missing = trial.missing()
             trial.reset()
             as_is = trial.replay()
-            plan = _plan(kind, trial, start, as_is, missing, th)
+            plan = _plan(kind, trial, start, as_is, missing, th, labels)
             if isinstance(plan, str):
                 return {**block, "reason": plan}
             remedied: list[tuple[float | str, Replay]] = []
@@ -589,7 +617,7 @@ def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Re
             k: v for k, v in findings[index].evidence.items() if k != "remedy_trial"})
     elif kind in EXPERIMENT_KINDS:
         try:
-            block = run_trial(trainer, pl_module, recorder, kind)
+            block = run_trial(trainer, pl_module, recorder, kind, evidence=lead.evidence)
         except Exception as exc:  # the user's code failed in the replay: the run is unaffected
             if strict:
                 raise

@@ -27,7 +27,7 @@ from lightning_triage.callbacks._args import (
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
 from lightning_triage.callbacks.base import guarded
 from lightning_triage.functional import structure_rules as rules
-from lightning_triage.functional.batch import BatchKey, split_batch
+from lightning_triage.functional.batch import BatchKey, locate_batch, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
 from lightning_triage.functional.structure import (
     DEFAULT_TOLERANCE,
@@ -491,27 +491,34 @@ class StructureProbe(ProbeCallback):
         if reason is not None:
             self._causal(trainer, pl_module, run, reason)
         if watch is not None and y is not None:
-            self._label_alignment(trainer, pl_module, run, x, y, watch)
+            self._label_alignment(trainer, pl_module, run, copy_a, x, y, watch)
         return 1
 
     def _label_alignment(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                         run: _GradientRun, x: Tensor, y: Tensor, watch: LossWatch) -> None:
+                         run: _GradientRun, batch: Any, x: Tensor, y: Tensor,
+                         watch: LossWatch) -> None:
         """Token inputs: by how many positions the targets a loss was given lead the inputs
         (``structure.label_misaligned`` for 2, and for 0 under a causal model)."""
         if x.is_floating_point() or x.dim() != 2 or x.shape[1] < 4 or y.is_floating_point():
             return
-        shifts = [(name, target_shift(x, t, self.ignore_index))
-                  for (name, _), t in zip(watch.loss_inputs, watch.loss_targets, strict=False)]
-        found = next(((n, k) for n, k in shifts if k in (0, 2)), None)
+        shifts = [(name, target_shift(x, t, self.ignore_index), ignore)
+                  for (name, _), t, ignore in zip(watch.loss_inputs, watch.loss_targets,
+                                                  watch.loss_ignore, strict=True)]
+        found = next(((n, k, i) for n, k, i in shifts if k in (0, 2)), None)
         if found is None:
             return
-        name, shift = found
+        name, shift, ignore = found
         causal = shift == 0 and self._is_causal(run)
         self.results["labels"] = f"loss offset {shift}" + (" (causal model)" if causal else "")
+        layout = locate_batch(batch, self.input_key, self.target_key)
+        # where the labels are, for the realignment remedy (docs/remedies.md)
+        labels = {"label_entry": layout.target_name, "input_entry": layout.input_name,
+                  "labels_lead_by": target_shift(x, y, self.ignore_index),
+                  "ignore_index": self.ignore_index if ignore is None else ignore}
         self.add_verdicts(trainer, rules.label_misaligned(
             shift, name, user_shifted=is_next_token(x, y, self.ignore_index),
             model=self._lm_name(pl_module), sequences=int(x.shape[0]),
-            length=int(x.shape[1]), causal_model=causal))
+            length=int(x.shape[1]), causal_model=causal, labels=labels))
 
     def _is_causal(self, run: _GradientRun) -> bool:
         """No output position of the head depends on a later input position (a quiet probe:

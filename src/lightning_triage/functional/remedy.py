@@ -44,13 +44,16 @@ REMEDY_VERDICTS: tuple[RemedyVerdict, ...] = ("confirmed", "not confirmed", "inc
 #: The kinds that run an experiment (the recorded steps replayed on a copy, as they are and
 #: with the change).
 EXPERIMENT_KINDS: frozenset[str] = frozenset({"lr_down", "lr_up", "lr_down_clip",
-                                              "standardize_input", "zero_grads", "add_params"})
+                                              "standardize_input", "zero_grads", "add_params",
+                                              "realign_labels"})
 #: The kinds whose symptom is the cause itself, observed on the copy (gradients left from an
 #: earlier step, parameters no optimizer holds): a replay whose loss does not end lower in the
 #: short window does not refute them (the verdict is ``"inconclusive"``, never ``"not
 #: confirmed"``). Gradients never zeroed act as momentum without decay: with plain SGD or Adam
-#: the first steps can be *faster* than with zeroing, and the harm comes later.
-DIRECT_KINDS: frozenset[str] = frozenset({"zero_grads", "add_params"})
+#: the first steps can be *faster* than with zeroing, and the harm comes later. Labels offset
+#: from the inputs are such a fact too (on tokens with nothing to predict, such as uniform
+#: random ones, realigned labels cannot lower the loss either).
+DIRECT_KINDS: frozenset[str] = frozenset({"zero_grads", "add_params", "realign_labels"})
 #: The kinds whose change is a learning-rate factor (tried 10, 100, 1000).
 LR_KINDS: frozenset[str] = frozenset({"lr_down", "lr_up", "lr_down_clip"})
 #: The mode stage's kinds: the validation path run on copies from two random states, as it is

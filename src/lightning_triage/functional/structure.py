@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -500,6 +500,14 @@ _LOSSES = {
 }
 
 
+def _ignore_index(func: Any, args: Any, kwargs: Mapping[str, Any]) -> int | None:
+    """The ``ignore_index`` a ``cross_entropy``/``nll_loss`` call used (its 5th argument)."""
+    if func not in (F.cross_entropy, F.nll_loss):
+        return None
+    value = kwargs.get("ignore_index", args[4] if len(args) > 4 else -100)
+    return value if isinstance(value, int) else None
+
+
 @dataclass
 class BroadcastEvent:
     """One elementwise operation between a prediction and the targets that broadcast."""
@@ -537,6 +545,8 @@ class LossWatch(TorchFunctionMode):
         self._derived: dict[int, Tensor] = {}
         self.loss_inputs: list[tuple[str, Tensor]] = []
         self.loss_targets: list[Tensor] = []
+        #: the ``ignore_index`` each loss call used (``None``: a loss without one)
+        self.loss_ignore: list[int | None] = []
         self.target_uses = 0
 
     def _is_derived(self, t: Tensor) -> bool:
@@ -566,6 +576,7 @@ class LossWatch(TorchFunctionMode):
             self.loss_inputs.append((getattr(func, "__name__", str(func)), tensors[0]))
             target = next(t for t, d in zip(tensors[1:], derived[1:], strict=True) if d)
             self.loss_targets.append(target.detach())
+            self.loss_ignore.append(_ignore_index(func, args, kwargs))
         if func in _ELEMENTWISE and len(tensors) >= 2 and any(derived[:2]) \
                 and not all(derived[:2]) and len(self.events) < self.max_events:
             target, prediction = (tensors[0], tensors[1]) if derived[0] else (tensors[1], tensors[0])

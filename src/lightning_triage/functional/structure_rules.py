@@ -10,7 +10,7 @@ functions decide and word the findings ``structure.shape_mismatch``, ``structure
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -204,20 +204,24 @@ def causal_reason(causal: bool | None, inputs: Tensor, targets: Tensor | None,
 
 # ---------------------------------------------------------------------- label alignment
 def label_misaligned(shift: int, fn_name: str, *, user_shifted: bool, model: str,
-                     sequences: int, length: int, causal_model: bool = False) -> Verdict | None:
+                     sequences: int, length: int, causal_model: bool = False,
+                     labels: Mapping[str, Any] | None = None) -> Verdict | None:
     """``structure.label_misaligned`` from the offset ``shift`` between the targets a loss
     function (``fn_name``) was given and the inputs, as a probe pass saw them: ``2`` (every
     position scored against the token two ahead: labels shifted by the user, then again by the
     model, as transformers' causal LMs shift ``labels`` inside), or ``0`` for a ``causal_model``
     (each position scored against its own token, which it sees: the shift is missing);
     ``None`` otherwise (``1`` is next-token prediction; ``0`` for a bidirectional model is a
-    reconstruction).
+    reconstruction). The evidence carries ``label_offset = shift - 1``, the positions the
+    batch's labels must move later to be next-token labels (the realignment remedy's), and
+    ``labels``: where they are (``label_entry``, ``input_entry``, ``labels_lead_by``,
+    ``ignore_index``).
 
     Example:
         >>> v = label_misaligned(2, "cross_entropy", user_shifted=True, model="GPT2LMHeadModel",
         ...                      sequences=8, length=16)
-        >>> v.code, v.evidence["loss_offset"], v.evidence["labels_shifted_by_user"]
-        ('structure.label_misaligned', 2, True)
+        >>> v.code, v.evidence["loss_offset"], v.evidence["label_offset"]
+        ('structure.label_misaligned', 2, 1)
         >>> label_misaligned(1, "cross_entropy", user_shifted=True, model="M", sequences=8,
         ...                  length=16) is None
         True
@@ -239,7 +243,8 @@ def label_misaligned(shift: int, fn_name: str, *, user_shifted: bool, model: str
     return Verdict(
         "structure.label_misaligned", 0,
         f"On {sequences} sequence(s) of {length} tokens, {what}.",
-        evidence={"loss_offset": shift, "labels_shifted_by_user": user_shifted,
+        evidence={"loss_offset": shift, "label_offset": shift - 1,
+                  "labels_shifted_by_user": user_shifted, **(labels or {}),
                   "loss_function": fn_name, "model": model, "causal_model": causal_model,
                   "sequences": sequences, "length": length},
     )
