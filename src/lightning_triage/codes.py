@@ -275,6 +275,16 @@ _SPECS: tuple[CodeSpec, ...] = (
           "The model, loss and optimizer can learn; look at data and curves for the rest.",
           when="The probe's loss reached the target, or settled on a floor above it while every probed "
                "example is predicted right (never a probability floor) (info)."),
+    _spec("overfit.loss_floor", "warning", "The loss has a floor near chance level",
+          "The model memorizes the probed examples (every one predicted right) but the loss "
+          "cannot fall below the floor: look for what bounds it besides the model, such as "
+          "`label_smoothing` far above ~0.1, a penalty term with a huge coefficient (on the "
+          "logits or the weights), or soft targets close to uniform (a distillation teacher "
+          "never loaded, a temperature too high).",
+          when="The overfit probe predicts every example right while its loss settles on a floor "
+               "at least half the chance level (or of its start). Info unless a slow loss "
+               "(`curve.lr_too_low`, `curve.not_learning`) is not cured by a larger learning "
+               "rate tried on a copy (docs/remedies.md)."),
     _spec("overfit.inconclusive", "info", "Overfit probe inconclusive",
           "The loss was still falling when the probe's steps or time ran out: raise "
           "`overfit_max_steps`/`max_steps` or `overfit_time_budget`/`time_budget` to decide.",

@@ -43,7 +43,7 @@ from lightning_triage.plots import initial_loss as _initial_loss
 from lightning_triage.plots import loss_plot as _loss_plot
 from lightning_triage.plots import remedy_plot as _remedy_plot
 from lightning_triage.plots import remedy_trial as _remedy_trial
-from lightning_triage.report import remedy_line
+from lightning_triage.report import lead_trial
 
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
                  "error": "#8e44ad", "not run": "#7f8c8d"}
@@ -78,9 +78,10 @@ figcaption{font-size:12.5px;color:#566573;width:0;min-width:100%}
 
 
 
-def _remedy_html(f: Mapping[str, Any]) -> Markup:
-    """The finding's remedy trial as a paragraph (empty when there is nothing to say)."""
-    trial = remedy_line(f["code"], f.get("remedy"))
+def _remedy_html(f: Mapping[str, Any], report: Mapping[str, Any] | None = None) -> Markup:
+    """The finding's remedy trial as a paragraph (empty when there is nothing to say); for the
+    lead of ``report``, the trial that named it as the next candidate when it has none."""
+    trial = lead_trial(report or {}, f)
     if trial is None:
         return Markup("")
     return Markup("<p><b>Remedy:</b> {}</p>").format(_md_code(trial))
@@ -165,7 +166,7 @@ def _header(report: Mapping[str, Any]) -> Markup:
                 color=_SEV_COLOR[lead["severity"]], errors=counts["error"],
                 warnings=counts["warning"], first=first, where=where, title=lead["title"],
                 message=_md_code(lead["message"]), hint=_md_code(lead["hint"]),
-                trial=_remedy_html(lead))
+                trial=_remedy_html(lead, report))
     else:
         verdict = Markup(
             '<div class="verdict" style="--c:#1e8449"><div><b>Verdict: no problems found.</b> '

@@ -45,6 +45,33 @@ MODEST_INPUT = 1e4
 Role = Literal["cause", "symptom", "standalone"]
 
 
+def remedy_verdict(f: Finding) -> str | None:
+    """The verdict of the remedy tried for ``f`` on a copy (docs/remedies.md), ``None`` when none
+    was: the report's trial of the lead (``f.remedy``), else the trial the finding's check ran at
+    its probe (the mode stage's ``evidence["remedy_trial"]``); both are read the same way.
+
+    Example:
+        >>> f = Finding.create("mode.train_mode_in_eval", "dropout on", check="T",
+        ...                    evidence={"remedy_trial": {"verdict": "confirmed"}})
+        >>> remedy_verdict(f), remedy_verdict(Finding.create("curve.lr_too_low", "slow", check="T"))
+        ('confirmed', None)
+    """
+    for block in (f.remedy, f.evidence.get("remedy_trial")):
+        if isinstance(block, Mapping) and isinstance(block.get("verdict"), str):
+            return str(block["verdict"])
+    return None
+
+
+def _refuted(f: Finding) -> bool:
+    """Whether ``f``'s remedy, tried on a copy, did not cure its symptom."""
+    return remedy_verdict(f) == "not confirmed"
+
+
+def _verified(f: Finding) -> bool:
+    """Whether ``f``'s remedy, tried on a copy, cured its symptom."""
+    return remedy_verdict(f) == "confirmed"
+
+
 # --------------------------------------------------------------------------------------------
 # The suspicions (a suspicion without a symptom is info; docs/report.md)
 # --------------------------------------------------------------------------------------------
@@ -69,7 +96,12 @@ class Suspicion:
         overruled_by: ...unless one of these codes is in the report: a finer judgement of the
             same symptom found none (``curve.healthy``: the curve stage, which weighs a loss
             against its noise, saw no spike where one batch's loss doubled).
+        refuted_leads: codes whose remedy, tried on a copy and not confirmed, shows the trouble
+            (a slow loss that a larger learning rate does not cure is the floor's).
         fine: what the info message adds: why this is context so far.
+
+    A suspicion whose own remedy was confirmed on a copy keeps its severity too: the trial
+    showed the trouble.
     """
 
     code: str
@@ -80,6 +112,7 @@ class Suspicion:
     applies_if: str | None = None
     shown_by: str | None = None
     overruled_by: frozenset[str] = frozenset()
+    refuted_leads: frozenset[str] = frozenset()
 
 
 #: A NaN/Inf anywhere: the trouble an input scale or a gradient spike predicts.
@@ -95,6 +128,8 @@ _SCALE_TROUBLE = frozenset({
 }) | _NONFINITE
 #: What shows that training works: the probe memorized a batch, the curve looked healthy.
 _TRAINS = frozenset({"overfit.passed", "curve.healthy"})
+#: A slow or flat loss whose remedy is a larger learning rate.
+_SLOW_LOSS = frozenset({"curve.lr_too_low", "curve.not_learning"})
 _SCALE_FINE = ("Nothing in this run shows trouble from it so far (the overfit probe or the "
                "curve would have failed): info, not a warning.")
 
@@ -115,6 +150,12 @@ SUSPICIONS: dict[str, Suspicion] = {s.code: s for s in (
                          "grad.update_ratio"}),
               "Nothing in this run shows a slow or flat loss from it so far (the curve and the "
               "update ratios would): info, not a warning."),
+    # a loss with a floor (label smoothing, a penalty term) slows the curve only when the floor is
+    # what holds it back: shown when a larger learning rate, tried on a copy, did not cure it
+    Suspicion("overfit.loss_floor", frozenset(),
+              "Nothing in this run shows that the floor holds the loss back (a slow loss that a "
+              "larger learning rate, tried on a copy, does not cure): info, not a warning.",
+              refuted_leads=_SLOW_LOSS),
     Suspicion("curve.overfitting", frozenset(),
               "Your callbacks monitor this validation loss (they stop the run or keep the best "
               "checkpoint): info, not a warning.", applies_if="handled_by"),
@@ -125,6 +166,8 @@ _FINE_PREFIX = " Info: "
 
 def _confirmed(f: Finding, rule: Suspicion, findings: Sequence[Finding]) -> bool:
     """Whether the run shows the trouble ``f`` predicts."""
+    if _verified(f) or any(g.code in rule.refuted_leads and _refuted(g) for g in findings):
+        return True
     if rule.shown_by is not None and f.evidence.get(rule.shown_by) \
             and not any(g.code in rule.overruled_by for g in findings):
         return True
@@ -204,8 +247,9 @@ class Explanation:
     symptom_if: Callable[[Finding], bool] | None = None
 
     def explains(self, symptom: Finding, g: Finding) -> bool:
-        """Whether ``g`` (another finding of the report) explains ``symptom`` by this row."""
-        if not g.is_problem or not (g.code in self.explained_by or (
+        """Whether ``g`` (another finding of the report) explains ``symptom`` by this row (never
+        when ``g``'s remedy, tried on a copy, did not cure it: the trial refuted it as a cause)."""
+        if not g.is_problem or _refuted(g) or not (g.code in self.explained_by or (
                 self.layered_numerics and g.stage == "numerics" and g.layer is not None)):
             return False
         if self.symptom_if is not None and not self.symptom_if(symptom):
@@ -278,9 +322,23 @@ _BLOW_UPS = frozenset({"curve.diverging", "numerics.nonfinite_loss",
                        "numerics.precision_overflow"})
 _SPIKES = ("curve.loss_spike", "grad.exploding", "grad.spike")
 
+# Inputs far from unit scale: a cause of a slow, stuck or unstable curve once standardizing them,
+# tried on a copy, cured it (the curve reading alone does not tell the two apart).
+_INPUT_SCALE = frozenset({"data.unnormalized_input", "data.tiny_input_scale"})
+_SCALE_CURVES = ("curve.not_learning", "curve.lr_too_low", "curve.lr_too_high", "curve.diverging",
+                 "curve.plateau_at_chance")
+# A loss with a floor (label smoothing, a penalty term, seen by the overfit probe): the cause of
+# a curve that cannot fall, once a larger learning rate did not cure it (the suspicion's rule).
+_LOSS_FLOOR = frozenset({"overfit.loss_floor"})
+
 #: The rows of :data:`EXPLANATIONS`, in the order they are tried: for one symptom, the first row
-#: that finds an explaining finding in the report decides (a broken update contract first).
+#: that finds an explaining finding in the report decides (a cause verified on a copy first, then
+#: a broken update contract).
 _EXPLANATION_ROWS: tuple[Explanation, ...] = (
+    # a cause whose remedy was confirmed on a copy explains the curve it cured
+    *(Explanation(code, _INPUT_SCALE, only_if=_verified) for code in _SCALE_CURVES),
+    *(Explanation(code, _LOSS_FLOOR) for code in ("curve.lr_too_low", "curve.not_learning",
+                                                  "curve.plateau_at_chance")),
     # a broken update contract explains its symptoms before anything else
     Explanation("grad.update_ratio", _UPDATE_CAUSES),
     Explanation("grad.exploding", _NOT_ZEROED),
@@ -374,7 +432,13 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
     cause's codes in ``explained_by``, its message says so, and it never leads the report (see
     :func:`start_here`). The rows, in the order they are tried (documented in docs/report.md):
 
-    - a broken update contract first: ``wiring.grads_not_zeroed``, ``wiring.optimizer_not_stepping``
+    - a cause verified on a copy first: ``data.unnormalized_input`` or ``data.tiny_input_scale``
+      whose remedy (inputs standardized) was confirmed explains ``curve.not_learning``,
+      ``curve.lr_too_low``, ``curve.lr_too_high``, ``curve.diverging`` and
+      ``curve.plateau_at_chance``; ``overfit.loss_floor`` (a warning only once a larger learning
+      rate, tried on a copy, did not cure the slow loss) explains ``curve.lr_too_low``,
+      ``curve.not_learning`` and ``curve.plateau_at_chance``.
+    - then a broken update contract: ``wiring.grads_not_zeroed``, ``wiring.optimizer_not_stepping``
       or ``wiring.params_changed_outside_step`` explain ``grad.update_ratio`` and
       ``curve.lr_too_low``; gradients never zeroed explain ``grad.exploding``, ``grad.spike``,
       ``curve.loss_spike``, ``curve.lr_too_high`` and ``curve.diverging``.
@@ -404,8 +468,9 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
       outputs before it all below :data:`MODEST_INPUT`): an ``exp`` or a division, not weights
       grown by the learning rate.
 
-    Every other finding is a cause or context and is never explained. Explanations are one
-    level deep and do not chain; the function is idempotent.
+    A finding whose remedy was tried on a copy and did not cure its symptom explains nothing
+    (the trial refuted it as a cause). Every other finding is a cause or context and is never
+    explained. Explanations are one level deep and do not chain; the function is idempotent.
 
     Example:
         >>> spike = Finding.create("curve.loss_spike", "spike at step 20", check="T",
@@ -437,16 +502,18 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
 # --------------------------------------------------------------------------------------------
 
 
-def _unconfirmed(f: Finding) -> bool:
-    return isinstance(f.remedy, Mapping) and f.remedy.get("verdict") == "not confirmed"
+def _standing(f: Finding) -> int:
+    """Within a stage: a finding whose remedy was confirmed on a copy first (0), then the
+    untried ones (1), then those whose remedy did not cure the symptom (2)."""
+    return 0 if _verified(f) else 2 if _refuted(f) else 1
 
 
 def _lead(ordered: Sequence[Finding]) -> str | None:
     """The lead of findings already explained and sorted (see :func:`start_here`)."""
     problems = [f for f in ordered if f.is_problem and f.stage in STAGES]
     # a finding whose remedy, tried on a copy, did not cure the symptom yields to the other
-    # findings of its stage (a confirmed one first; docs/remedies.md)
-    problems.sort(key=lambda f: (STAGES.index(f.stage), _unconfirmed(f)))
+    # findings of its stage, a confirmed one goes first (docs/remedies.md)
+    problems.sort(key=lambda f: (STAGES.index(f.stage), _standing(f)))
     for f in problems:
         if not f.explained_by:
             return f.code
@@ -459,8 +526,9 @@ def start_here(findings: Sequence[Finding]) -> str | None:
     whole policy).
 
     The first problem (error or warning) in protocol order that no other finding explains
-    (see :func:`explain_findings`), a finding whose remedy was tried on a copy and not
-    confirmed after the others of its stage; if every problem is explained (explanations by findings
+    (see :func:`explain_findings`); within a stage, a finding whose remedy was confirmed on a
+    copy first and one whose remedy was not confirmed after the others; if every problem is
+    explained (explanations by findings
     that are not themselves problems cannot happen), the first problem.
 
     Example:
@@ -496,5 +564,6 @@ def rank(findings: Sequence[Finding]) -> tuple[list[Finding], str | None]:
 
 __all__ = [
     "EXPLANATIONS", "MODEST_INPUT", "SPIKE_WINDOW", "STANDALONE", "SUSPICIONS", "Explanation",
-    "Role", "Suspicion", "explain_findings", "rank", "role", "settle_suspicions", "start_here",
+    "Role", "Suspicion", "explain_findings", "rank", "remedy_verdict", "role", "settle_suspicions",
+    "start_here",
 ]

@@ -244,6 +244,32 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
 
 
 
+def lead_trial(report: Mapping[str, Any], lead: Mapping[str, Any]) -> str | None:
+    """The remedy line shown under the report's lead: its own trial (:func:`remedy_line`), or,
+    for a lead that became the lead because another finding's remedy was not confirmed on a
+    copy (it names the lead as its next candidate), that trial with the finding's code.
+
+    Example:
+        >>> low = {"code": "curve.lr_too_low", "remedy": {"kind": "lr_up", "verdict":
+        ...        "not confirmed", "change": "lr x 10", "next_candidate": "overfit.loss_floor",
+        ...        "before": {"steps": 30, "loss": 2.31}, "after": {"steps": 30, "loss": 2.28},
+        ...        "tried": ["x10"]}}
+        >>> floor = {"code": "overfit.loss_floor"}
+        >>> lead_trial({"findings": [floor, low]}, floor)[:61]
+        'on `curve.lr_too_low`: not confirmed on a copy: lr x 10, loss'
+    """
+    own = remedy_line(lead["code"], lead.get("remedy"))
+    if own is not None:
+        return own
+    for f in report.get("findings", []):
+        remedy = f.get("remedy")
+        if isinstance(remedy, Mapping) and remedy.get("verdict") == "not confirmed" \
+                and remedy.get("next_candidate") == lead["code"]:
+            line = remedy_line(f["code"], dict(remedy))
+            return None if line is None else f"on `{f['code']}`: {line}"
+    return None
+
+
 # ---------------------------------------------------------------------------- Markdown
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
@@ -295,7 +321,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                   _md_text(stage_line(lead['code'])), "",
                   f"**{_md_text(lead['title'])}.** {_md_code(lead['message'])}", "",
                   f"Next: {_md_code(lead['hint'])}", ""]
-        trial = remedy_line(lead["code"], lead.get("remedy"))
+        trial = lead_trial(report, lead)
         if trial is not None:  # the lead's fix tried on a copy (docs/remedies.md)
             lines += [f"Remedy: {_md_code(trial)}", ""]
     else:
@@ -566,7 +592,7 @@ def print_report(report: Mapping[str, Any], console: Any | None = None,
         console.print(Padding(Text(plain(lead["message"], CONSOLE_CHARS)), (0, 0, 0, 2)))
         console.print(Padding(Text.assemble(("Next: ", "bold"), plain(lead["hint"], CONSOLE_CHARS)),
                               (0, 0, 0, 2)))
-        trial = remedy_line(lead["code"], lead.get("remedy"))
+        trial = lead_trial(report, lead)
         if trial is not None:  # the lead's fix tried on a copy (docs/remedies.md)
             console.print(Padding(Text.assemble(("Remedy: ", "bold"), plain(trial, CONSOLE_CHARS)),
                                   (0, 0, 0, 2)))

@@ -173,8 +173,11 @@ class OverfitBatchCheck(TriageCallback):
     likely cause: loss not connected, broken gradient path, frozen layers, parameters missing
     from the optimizer, a loss bounded away from zero such as cross-entropy on
     probabilities, a non-finite or rising loss), ``overfit.loss_on_probabilities`` (the loss
-    applies log-softmax to outputs that are already probabilities), ``overfit.inconclusive``
-    and ``overfit.skipped`` (info).
+    applies log-softmax to outputs that are already probabilities), ``overfit.loss_floor``
+    (every probed example predicted right, but the loss settles on a floor at least half the
+    chance level: label smoothing, a penalty term; info in the report unless a larger learning
+    rate, tried on a copy, did not cure a slow loss), ``overfit.inconclusive`` and
+    ``overfit.skipped`` (info).
 
     Args:
         batch_size: examples to memorize (the first ones of the first batch).
@@ -206,7 +209,7 @@ class OverfitBatchCheck(TriageCallback):
 
     stage: ClassVar[str] = "overfit"
     codes: ClassVar[tuple[str, ...]] = ("overfit.failed", "overfit.loss_on_probabilities",
-        "overfit.passed", "overfit.inconclusive", "overfit.skipped")
+        "overfit.passed", "overfit.loss_floor", "overfit.inconclusive", "overfit.skipped")
     # how `Triage` builds this check (TriageCallback.bundle_args)
     bundle_args: ClassVar[Mapping[str, BundleArg]] = {
         "batch_size": "overfit_batch_size", "max_steps": "overfit_max_steps",

@@ -285,6 +285,30 @@ def _unfinished(run: ProbeRun, *, min_steps: int, time_budget: float) -> str | N
     return None
 
 
+#: A floor at least this share of the chance level (or of the probe's start loss) leaves the
+#: loss little room to fall: ``overfit.loss_floor``.
+HIGH_FLOOR = 0.5
+
+
+def _high_floor(run: ProbeRun, verdict: OverfitVerdict) -> list[Verdict]:
+    """``overfit.loss_floor`` when the floor the probe memorized on is high (see
+    :data:`HIGH_FLOOR`); the ranking keeps it info unless a larger learning rate, tried on a copy,
+    did not cure a slow loss (``ranking.SUSPICIONS``)."""
+    ref = run.chance if run.chance is not None and run.chance > 0 else verdict.start
+    if not (math.isfinite(ref) and ref > 0 and verdict.best >= HIGH_FLOOR * ref):
+        return []
+    what = "the chance level" if ref == run.chance else "its start"
+    return [Verdict(
+        "overfit.loss_floor", 0,
+        f"The probe predicts every one of {run.examples} examples right, yet its loss settles at "
+        f"{verdict.best:.4g} (from {verdict.start:.4g}), {verdict.best / ref:.0%} of {what} "
+        f"{ref:.4g}: the loss can fall only {max(0.0, verdict.start - verdict.best):.3g} from "
+        "where it starts.",
+        evidence={"floor": verdict.best, "start": verdict.start, "reference": ref,
+                  "reference_is": "chance" if ref == run.chance else "start",
+                  "share": verdict.best / ref, "examples": run.examples})]
+
+
 def _judged(run: ProbeRun, verdict: OverfitVerdict, evidence: dict[str, Any], *, cost: str,
             opt_text: str, target_text: str) -> ProbeConclusion:
     """The conclusion for a run whose curve was judged (not detached)."""
@@ -299,7 +323,7 @@ def _judged(run: ProbeRun, verdict: OverfitVerdict, evidence: dict[str, Any], *,
                 f"settled on a plateau at {verdict.best:.4g} (from {verdict.start:.4g}), above the "
                 f"target {target_text}: the loss has a floor (label smoothing, a regularization "
                 "term), which is not a failure to learn.",
-                evidence=evidence)])
+                evidence=evidence), *_high_floor(run, verdict)])
     if verdict.verdict == "passed":
         return ProbeConclusion(True, (
             f"passed: loss {verdict.start:.4g} -> {verdict.best:.4g} on "

@@ -1,0 +1,142 @@
+"""Broken runs whose symptom-level lead is wrong, each with its fixed twin: the curve reads "the
+learning rate is too low", but a larger learning rate, tried on a copy, does not cure the loss,
+and another check has seen the real cause.
+
+Each bug is a reported one, reproduced on the digits MLP:
+
+- ``label-smoothing``: ``label_smoothing=0.9`` where ``0.1`` was meant (the target gets 0.19 of
+  the mass, each other class 0.09): the smallest loss reachable is 2.266, 1.6% below chance;
+  "the loss increases gradually, no matter how much learning rate I set"
+  (WongKinYiu/CrossStagePartialNetworks#39). Fixed: ``label_smoothing=0.1``.
+- ``logit-penalty``: an L2 penalty on the logits (logit squeezing) with coefficient 10 where
+  ``1e-3`` was meant, on a zero-initialized head: the penalty holds every logit near zero, so the
+  loss floor is near chance; a huge regularization coefficient "dominates J and pushes the values
+  to zero" (a regularization term a user asked about). Fixed: coefficient ``1e-3``.
+- ``random-teacher``: a distillation loss whose teacher checkpoint was never loaded (the teacher
+  stays at its random init, frozen), at temperature 4: the soft targets are near uniform and
+  unrelated to the inputs' classes, so the student cannot learn the task at any learning rate.
+  Fixed: the teacher is trained (its checkpoint loaded) before the student's fit.
+
+Builders return ``(model, train_loader, val_loader)``, like the demo's scenarios.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from typing_extensions import override
+
+from lightning_triage.demo.digits import DigitsMLP, digits_loaders, load_digits_tensors
+
+Build = Callable[[], tuple[pl.LightningModule, Any, Any]]
+
+
+class LossMLP(DigitsMLP):
+    """The digits MLP (SGD, lr 0.1) whose training and validation steps log :meth:`loss`."""
+
+    def __init__(self) -> None:
+        super().__init__(lr=0.1)
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(self(x), y)
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss = self.loss(*batch)
+        self.log("train_loss", loss)
+        return loss
+
+    @override
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", self.loss(*batch))
+
+
+class SmoothedMLP(LossMLP):
+    """Cross-entropy with ``label_smoothing``."""
+
+    def __init__(self, smoothing: float) -> None:
+        super().__init__()
+        self.smoothing = smoothing
+
+    @override
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(self(x), y, label_smoothing=self.smoothing)
+
+
+class LogitPenaltyMLP(LossMLP):
+    """Cross-entropy plus ``coefficient`` times the mean squared logit, on a zero-initialized
+    head (a common init for classifier heads)."""
+
+    def __init__(self, coefficient: float) -> None:
+        super().__init__()
+        self.coefficient = coefficient
+        head = self.net[2]
+        assert isinstance(head, nn.Linear)
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+
+    @override
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        logits = self(x)
+        return F.cross_entropy(logits, y) + self.coefficient * logits.pow(2).mean()
+
+
+def trained_teacher() -> nn.Linear:
+    """A linear classifier of digits fit on the training split (the checkpoint a distillation
+    run should load): full-batch Adam, 200 steps, its own generator (no global RNG drawn)."""
+    x, y, _, _ = load_digits_tensors()
+    teacher = nn.Linear(64, 10)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        teacher.weight.copy_(torch.randn(10, 64, generator=gen) * 0.01)
+        teacher.bias.zero_()
+    opt = torch.optim.Adam(teacher.parameters(), lr=0.05)
+    for _ in range(200):
+        opt.zero_grad()
+        F.cross_entropy(teacher(x), y).backward()
+        opt.step()
+    return teacher.requires_grad_(False)
+
+
+class DistilledMLP(LossMLP):
+    """The student of a distillation at ``temperature``: soft cross-entropy against the
+    teacher's softened predictions (the hard labels unused, as in pure distillation)."""
+
+    def __init__(self, teacher: nn.Linear, temperature: float = 4.0) -> None:
+        super().__init__()
+        self.teacher = teacher.requires_grad_(False)
+        self.temperature = temperature
+
+    @override
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        with torch.no_grad():
+            soft = F.softmax(self.teacher(x) / self.temperature, dim=1)
+        return -(soft * F.log_softmax(self(x), dim=1)).sum(1).mean()
+
+
+def _digits(model: Callable[[], pl.LightningModule]) -> Build:
+    def build() -> tuple[pl.LightningModule, Any, Any]:
+        train, val = digits_loaders()
+        return model(), train, val
+
+    return build
+
+
+def _random_teacher() -> pl.LightningModule:
+    return DistilledMLP(nn.Linear(64, 10))  # the checkpoint was never loaded
+
+
+#: name -> (broken build, fixed build, what the next candidate is)
+REMEDY_RUNS: dict[str, tuple[Build, Build, str]] = {
+    "label-smoothing": (_digits(lambda: SmoothedMLP(0.9)), _digits(lambda: SmoothedMLP(0.1)),
+                        "overfit.loss_floor"),
+    "logit-penalty": (_digits(lambda: LogitPenaltyMLP(10.0)),
+                      _digits(lambda: LogitPenaltyMLP(1e-3)), "overfit.loss_floor"),
+    "random-teacher": (_digits(_random_teacher),
+                       _digits(lambda: DistilledMLP(trained_teacher())), "overfit.failed"),
+}
