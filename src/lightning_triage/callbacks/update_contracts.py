@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -19,20 +18,12 @@ from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.adapters import peft_base_params
 from lightning_triage.functional.update import (
-    FORWARD,
-    STALLED_STEPS,
-    Change,
-    GradState,
-    StepRecord,
-    frozen_change_verdict,
     frozen_running_stats,
     frozen_running_stats_verdict,
     late_freeze_verdict,
-    outside_change_verdicts,
-    stepping_verdict,
     tensor_norms,
-    zeroing_verdict,
 )
+from lightning_triage.functional.update_ledger import Reading, ReadingKind, UpdateLedger
 
 #: Training batches after which the running statistics of frozen parts are compared.
 RUNNING_STATS_BATCHES = 3
@@ -42,18 +33,12 @@ RUNNING_STATS_BATCHES = 3
 LATE_SNAPSHOT_VALUES = 4_000_000
 
 
-def _differs(a: float, b: float) -> bool:
-    """Whether two norms differ (NaN equals NaN: a parameter that stays non-finite did not
-    change; that is the numerics stage's finding)."""
-    return a != b and not (math.isnan(a) and math.isnan(b))
-
-
 @dataclass
 class _Point:
     """A reading of every parameter's norm at one point of a batch (device tensors until the
     batch ends)."""
 
-    kind: str  # "start", "backward", "pre", "post", "end"
+    kind: ReadingKind
     opt: int | None
     step: int
     norms: Tensor
@@ -139,25 +124,11 @@ class UpdateContractCheck(TriageCallback):
         self._names: list[str] = []
         self._params: list[Tensor] = []
         self._sizes: dict[str, int] = {}
-        self._opt_params: list[list[int]] = []
-        self._opt_names: list[str] = []
         self._init: list[float] = []
-        self._frozen: set[int] = set()
-        self._renormed: set[int] = set()
-        self._pinned: set[str] = set()
+        self._ledger: UpdateLedger | None = None
         self._points: list[_Point] = []
-        self._last_end: list[float] | None = None
         self._stepped: set[tuple[int, int]] = set()
         self._step_at_start = 0
-        # contract state
-        self._dirty: list[set[int]] = []
-        self._after_val: set[int] = set()
-        self._zeroing: list[tuple[list[int], list[bool], list[str]]] = []
-        self._records: list[list[StepRecord]] = []
-        self._stalled: set[int] = set()
-        self._changes: list[Change] = []
-        self._frozen_changes: list[Change] = []
-        self._seen: dict[str, int] = {}
         self._bn: list[tuple[str, str, Tensor]] = []
         self._bn_step = 0
 
@@ -224,10 +195,10 @@ class UpdateContractCheck(TriageCallback):
     @override
     @guarded
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._armed and not trainer.sanity_checking:
+        if self._armed and self._ledger is not None and not trainer.sanity_checking:
             # Lightning zeroes the gradients before validation: the next step of each
             # optimizer is clean whatever the user's code does (no evidence either way)
-            self._after_val = set(range(len(self._dirty)))
+            self._ledger.validation()
 
     @override
     @guarded
@@ -323,14 +294,11 @@ class UpdateContractCheck(TriageCallback):
         held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
                 for p in g["params"]}
         index = {id(p): i for i, p in enumerate(self._params)}
-        self._opt_params = [sorted({index[id(p)] for g in opt.param_groups for p in g["params"]
-                                    if id(p) in index}) for opt in trainer.optimizers]
-        if at_step:
-            self._frozen -= {i for i in self._frozen
-                             if id(self._params[i]) in held and self._params[i].requires_grad}
-            return
-        self._frozen = {i for i, p in enumerate(self._params)
-                        if not p.requires_grad or id(p) not in held}
+        assert self._ledger is not None
+        self._ledger.membership(
+            [[index[id(p)] for g in opt.param_groups for p in g["params"] if id(p) in index]
+             for opt in trainer.optimizers],
+            [p.requires_grad and id(p) in held for p in self._params], at_step=at_step)
 
     def _arm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         sharded = sharded_strategy(trainer)
@@ -350,19 +318,17 @@ class UpdateContractCheck(TriageCallback):
                 self._params.append(p)
                 self._sizes[name] = p.numel()
         for i, opt in enumerate(trainer.optimizers):
-            self._opt_names.append(f"optimizer {i} ({type(opt).__name__})")
             self.add_handle(opt.register_step_post_hook(self._post_hook(trainer, i)))
-        n = len(trainer.optimizers)
-        self._dirty = [set() for _ in range(n)]
-        self._zeroing = [([], [], []) for _ in range(n)]
-        self._records = [[] for _ in range(n)]
         self._init = self._norms().tolist()
         index = {id(p): i for i, p in enumerate(self._params)}
-        # `nn.Embedding(max_norm=...)` renormalizes the rows it looks up in place, in forward
-        self._renormed = {index[id(m.weight)] for m in pl_module.modules()
-                          if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
-                          and m.max_norm is not None and id(m.weight) in index}
-        self._pinned = peft_base_params(pl_module)  # a peft model's frozen base: never an EMA
+        self._ledger = UpdateLedger(
+            self._names, self._sizes, self._init,
+            [f"optimizer {i} ({type(opt).__name__})" for i, opt in enumerate(trainer.optimizers)],
+            # `nn.Embedding(max_norm=...)` renormalizes the rows it looks up in place, in forward
+            renormed={index[id(m.weight)] for m in pl_module.modules()
+                      if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+                      and m.max_norm is not None and id(m.weight) in index},
+            pinned=peft_base_params(pl_module))  # a peft model's frozen base: never an EMA
         frozen_bn = set(frozen_running_stats(pl_module))
         self._bn = [(name, type(m).__name__, self._running_norms(m))
                     for name, m in pl_module.named_modules() if name in frozen_bn]
@@ -396,7 +362,7 @@ class UpdateContractCheck(TriageCallback):
         n = len(self._params) if with_params else 0
         return both[:n], both[n:]
 
-    def _point(self, kind: str, opt: int | None, step: int) -> None:
+    def _point(self, kind: ReadingKind, opt: int | None, step: int) -> None:
         self._points.append(_Point(kind, opt, step, self._norms()))
 
     def _opt_index(self, trainer: pl.Trainer, optimizer: Optimizer) -> int | None:
@@ -407,11 +373,12 @@ class UpdateContractCheck(TriageCallback):
 
     # ------------------------------------------------------------------ one batch
     def _close_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Read the batch's points to the host (its one sync) and hand them to the ledger."""
         points, self._points = self._points, []
         tensors = [t for p in points for t in (p.norms, p.grads) if t is not None]
         device = tensors[0].device
-        flat = torch.cat([t.to(device) for t in tensors]).tolist()  # the batch's one sync
-        values: list[tuple[list[float], list[float] | None]] = []
+        flat = torch.cat([t.to(device) for t in tensors]).tolist()
+        readings: list[Reading] = []
         at = 0
         for p in points:
             norms = flat[at:at + p.norms.numel()]
@@ -420,105 +387,15 @@ class UpdateContractCheck(TriageCallback):
             if p.grads is not None:
                 grads = flat[at:at + p.grads.numel()]
                 at += p.grads.numel()
-            values.append((norms, grads))
-        self._zeroing_events(points, values)
-        self._stepping_events(trainer, pl_module, points, values)
-        self._change_events(points, values)
-        self._last_end = values[-1][0]
-
-    def _zeroing_events(self, points: list[_Point],
-                        values: list[tuple[list[float], list[float] | None]]) -> None:
-        for p, (_, grads) in zip(points, values, strict=True):
-            if grads is None:
-                continue
-            if p.kind == "backward":
-                for dirty in self._dirty:
-                    dirty.difference_update({i for i in dirty if grads[i] == 0.0})
-            elif p.kind == "pre" and p.opt is not None:
-                stale = [i for i in self._dirty[p.opt] if grads[i] != 0.0]
-                self._dirty[p.opt] = set(self._opt_params[p.opt])
-                if p.opt in self._after_val:
-                    self._after_val.discard(p.opt)
-                    continue
-                steps, clean, names = self._zeroing[p.opt]
-                steps.append(p.step)
-                clean.append(not stale)
-                if stale and not names:
-                    names.extend(self._names[i] for i in sorted(stale))
-
-    def _stepping_events(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                         points: list[_Point],
-                         values: list[tuple[list[float], list[float] | None]]) -> None:
-        pres = [k for k, p in enumerate(points) if p.kind == "pre"]
-        for k in pres:
-            opt = points[k].opt
-            assert opt is not None
-            before, grads = values[k]
-            after = next(v[0] for v in values[k + 1:] if v[0])  # the end has norms
-            mine = self._opt_params[opt]
-            g = [grads[i] for i in mine] if grads is not None else []
-            state: GradState = "nonfinite" if any(not math.isfinite(x) for x in g) else \
-                "ok" if any(x > 0 for x in g) else "none"
-            moved = any(_differs(before[i], after[i]) for i in mine)
-            self._records[opt].append(StepRecord(points[k].step, True, state, moved,
-                                                 points[k].lr))
-        if not pres and pl_module.automatic_optimization and self._opt_params \
+            readings.append(Reading(p.kind, p.opt, p.step, norms, grads, p.lr))
+        counted = None
+        if pl_module.automatic_optimization and trainer.optimizers \
                 and trainer.global_step > self._step_at_start:
-            before, after = values[0][0], values[-1][0]
-            moved = any(_differs(before[i], after[i]) for i in self._opt_params[0])
-            lr = max((float(g["lr"]) for g in trainer.optimizers[0].param_groups), default=0.0)
-            self._records[0].append(StepRecord(self._step_at_start, False, "ok", moved, lr))
-        for opt, records in enumerate(self._records):
-            if opt not in self._stalled and len(records) >= STALLED_STEPS \
-                    and all(r.stalled for r in records[-STALLED_STEPS:]):
-                verdict = stepping_verdict(self._opt_names[opt], records)
-                if verdict is not None:
-                    self._stalled.add(opt)
-                    self.add_verdict(trainer, verdict)
-
-    def _phase(self, prev: _Point | None, point: _Point) -> str:
-        if prev is None:
-            return "between batches"
-        if prev.kind == "start":
-            return FORWARD
-        if prev.kind == "backward":
-            return "between the backward and the optimizer step" if point.kind == "pre" \
-                else "after the backward"
-        name = self._opt_names[prev.opt] if prev.opt is not None else "?"
-        return f"during the step of {name}" if prev.kind == "pre" else f"after the step of {name}"
-
-    def _change_events(self, points: list[_Point],
-                       values: list[tuple[list[float], list[float] | None]]) -> None:
-        pairs: list[tuple[_Point | None, list[float], _Point, list[float]]] = []
-        if self._last_end is not None:
-            pairs.append((None, self._last_end, points[0], values[0][0]))
-        last: tuple[_Point, list[float]] | None = None
-        for p, (norms, _) in zip(points, values, strict=True):
-            if not norms:  # a later backward of the batch: gradients only
-                continue
-            if last is not None:
-                pairs.append((last[0], last[1], p, norms))
-            last = (p, norms)
-        for prev, before, point, after in pairs:
-            phase = self._phase(prev, point)
-            allowed = set(self._opt_params[prev.opt]) if prev is not None \
-                and prev.kind == "pre" and prev.opt is not None else set()
-            self._seen[phase] = self._seen.get(phase, 0) + 1
-            expected = self._renormed if phase == FORWARD else set()
-            changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True))
-                       if _differs(a, b) and i not in expected]
-            frozen = [i for i in changed if i in self._frozen]
-            outside = [i for i in changed if i not in self._frozen and i not in allowed]
-            for group, into in ((frozen, self._frozen_changes), (outside, self._changes)):
-                if group:
-                    into.append(self._change(point.step, phase, group, before, after))
-
-    def _change(self, step: int, phase: str, idx: list[int], before: list[float],
-                after: list[float]) -> Change:
-        rel = max(abs(after[i] - before[i]) / max(abs(before[i]), 1e-12) for i in idx)
-        toward = sum(abs(after[i] - self._init[i]) for i in idx) < \
-            0.5 * sum(abs(before[i] - self._init[i]) for i in idx)
-        return Change(step, phase, tuple(self._names[i] for i in idx), rel, toward)
+            counted = max((float(g["lr"]) for g in trainer.optimizers[0].param_groups),
+                          default=0.0)
+        assert self._ledger is not None
+        self.add_verdicts(trainer, self._ledger.close_batch(
+            readings, start_step=self._step_at_start, counted_lr=counted))
 
     # ------------------------------------------------------------------ decisions
     def _decide_running_stats(self, trainer: pl.Trainer) -> None:
@@ -542,15 +419,10 @@ class UpdateContractCheck(TriageCallback):
     def _finish(self, trainer: pl.Trainer) -> None:
         if self._batches < RUNNING_STATS_BATCHES:
             self._decide_running_stats(trainer)
-        for opt, (steps, clean, stale) in enumerate(self._zeroing):
-            universe = {self._names[i]: self._sizes[self._names[i]] for i in self._opt_params[opt]}
-            self.add_verdicts(trainer, zeroing_verdict(self._opt_names[opt], steps, clean,
-                                                       stale, universe))
-        trainable = {n: s for i, (n, s) in enumerate(self._sizes.items()) if i not in self._frozen}
-        self.add_verdicts(trainer, outside_change_verdicts(self._changes, self._seen, trainable))
-        self.add_verdicts(trainer, frozen_change_verdict(self._frozen_changes, self._sizes,
-                                                         self._seen, self._pinned))
-        n_steps = sum(len(r) for r in self._records)
+        n_steps = 0
+        if self._ledger is not None:
+            self.add_verdicts(trainer, self._ledger.finish())
+            n_steps = self._ledger.steps
         batches = self._batches
         self.remove_handles()
         self._reset()
