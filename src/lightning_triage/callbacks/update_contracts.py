@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -44,6 +45,16 @@ class _Point:
     norms: Tensor
     grads: Tensor | None = None
     lr: float = 0.0
+    renewed: frozenset[int] = frozenset()
+    tentative: bool = False  # taken by the optimizer's own step pre-hook
+
+
+class _GradRefs(dict[int, "weakref.ref[Tensor] | None"]):
+    """Each parameter's gradient tensor at its optimizer's last step (weak references: a
+    gradient set to ``None`` and re-created since is another tensor). Pickles empty."""
+
+    def __reduce__(self) -> tuple[type[_GradRefs], tuple[()]]:
+        return (_GradRefs, ())
 
 
 class UpdateContractCheck(TriageCallback):
@@ -128,6 +139,7 @@ class UpdateContractCheck(TriageCallback):
         self._ledger: UpdateLedger | None = None
         self._points: list[_Point] = []
         self._stepped: set[tuple[int, int]] = set()
+        self._grad_refs = _GradRefs()
         self._step_at_start = 0
         self._bn: list[tuple[str, str, Tensor]] = []
         self._bn_step = 0
@@ -167,10 +179,36 @@ class UpdateContractCheck(TriageCallback):
         if opt is None or (opt, trainer.global_step) in self._stepped:
             return  # LBFGS: its closure runs again inside the step
         self._stepped.add((opt, trainer.global_step))
+        raw = self._open_step(opt)
+        if raw is not None and raw.tentative:  # the step's own pre-hook read first: ours rules
+            self._points.remove(raw)
+        self._pre(trainer, opt, optimizer)
+
+    def _pre(self, trainer: pl.Trainer, opt: int, optimizer: Optimizer,
+             tentative: bool = False) -> None:
         self._membership(trainer, at_step=True)
         norms, grads = self._norms_and_grads(True)
         lr = max((float(g["lr"]) for g in optimizer.param_groups), default=0.0)
-        self._points.append(_Point("pre", opt, trainer.global_step, norms, grads, lr))
+        self._points.append(_Point("pre", opt, trainer.global_step, norms, grads, lr,
+                                   self._renewed(), tentative))
+
+    def _open_step(self, opt: int) -> _Point | None:
+        """The reading before the step of ``opt`` in flight (its last reading is a ``pre``)."""
+        for p in reversed(self._points):
+            if p.opt == opt:
+                return p if p.kind == "pre" else None
+        return None
+
+    def _renewed(self) -> frozenset[int]:
+        """The parameters whose gradient is another tensor than at their optimizer's last step:
+        set to ``None`` (zeroed) in between, whatever ran the backward."""
+        renewed = set()
+        for i, p in enumerate(self._params):
+            if i in self._grad_refs and p.grad is not None:
+                ref = self._grad_refs[i]
+                if ref is None or ref() is not p.grad:
+                    renewed.add(i)
+        return frozenset(renewed)
 
     @override
     @guarded
@@ -318,6 +356,7 @@ class UpdateContractCheck(TriageCallback):
                 self._params.append(p)
                 self._sizes[name] = p.numel()
         for i, opt in enumerate(trainer.optimizers):
+            self.add_handle(opt.register_step_pre_hook(self._pre_hook(trainer, i)))
             self.add_handle(opt.register_step_post_hook(self._post_hook(trainer, i)))
         self._init = self._norms().tolist()
         index = {id(p): i for i, p in enumerate(self._params)}
@@ -345,10 +384,23 @@ class UpdateContractCheck(TriageCallback):
     def _running_norms(m: torch.nn.Module) -> Tensor:
         return tensor_norms([getattr(m, "running_mean", None), getattr(m, "running_var", None)])
 
+    def _pre_hook(self, trainer: pl.Trainer, opt: int) -> Any:
+        def hook(optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+            # manual optimization: a step Lightning does not announce (`scaler.step(opt.optimizer)`
+            # of the user's own gradient scaler); read before it unless Lightning's reading
+            # comes first (its `16-mixed` plugin), or comes later and replaces this one
+            if self._armed and not trainer.lightning_module.automatic_optimization \
+                    and self._open_step(opt) is None:
+                self._pre(trainer, opt, optimizer, tentative=True)
+        return self.guard_hook(trainer, "optimizer step pre-hook", hook)
+
     def _post_hook(self, trainer: pl.Trainer, opt: int) -> Any:
         def hook(optimizer: Optimizer, args: Any, kwargs: Any) -> None:
             if self._armed:
                 self._points.append(_Point("post", opt, trainer.global_step, self._norms()))
+                held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+                self._grad_refs.update({i: None if p.grad is None else weakref.ref(p.grad)
+                                        for i, p in enumerate(self._params) if id(p) in held})
         return self.guard_hook(trainer, "optimizer step post-hook", hook)
 
     def _norms(self) -> Tensor:
@@ -387,7 +439,7 @@ class UpdateContractCheck(TriageCallback):
             if p.grads is not None:
                 grads = flat[at:at + p.grads.numel()]
                 at += p.grads.numel()
-            readings.append(Reading(p.kind, p.opt, p.step, norms, grads, p.lr))
+            readings.append(Reading(p.kind, p.opt, p.step, norms, grads, p.lr, p.renewed))
         counted = None
         if pl_module.automatic_optimization and trainer.optimizers \
                 and trainer.global_step > self._step_at_start:

@@ -66,6 +66,10 @@ class Reading:
         grads: every parameter's gradient norm (``0`` for ``None``) at ``"backward"`` and
             ``"pre"``, else ``None``.
         lr: the optimizer's largest learning rate (``"pre"``).
+        renewed: at ``"pre"``, the parameters whose gradient is another tensor than at the
+            optimizer's previous step: it was set to ``None`` (zeroed) in between, evidence
+            of zeroing when no backward was read (a backward outside Lightning's, such as
+            ``scaler.scale(loss).backward()``).
     """
 
     kind: ReadingKind
@@ -74,6 +78,7 @@ class Reading:
     norms: Sequence[float]
     grads: Sequence[float] | None = None
     lr: float = 0.0
+    renewed: frozenset[int] = frozenset()
 
 
 class UpdateLedger:
@@ -180,7 +185,7 @@ class UpdateLedger:
                 for dirty in self._dirty:
                     dirty.difference_update({i for i in dirty if grads[i] == 0.0})
             elif r.kind == "pre" and r.opt is not None:
-                stale = [i for i in self._dirty[r.opt] if grads[i] != 0.0]
+                stale = [i for i in self._dirty[r.opt] if grads[i] != 0.0 and i not in r.renewed]
                 self._dirty[r.opt] = set(self.opt_params[r.opt])
                 if r.opt in self._after_val:
                     self._after_val.discard(r.opt)
