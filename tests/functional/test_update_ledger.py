@@ -1,13 +1,16 @@
 """The update contracts' ledger (functional/update_ledger.py) on constructed sequences of
-readings, without a Trainer: each contract broken and kept."""
+readings, and the late-freeze watch (functional/late_freeze.py) on a small module, without a
+Trainer: each contract broken and kept."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import pytest
+import torch
 
-from lightning_triage.functional.update import FORWARD, STALLED_STEPS
+from lightning_triage.functional.late_freeze import LateFreezeWatch
+from lightning_triage.functional.update import FORWARD, STALLED_STEPS, tensor_norms
 from lightning_triage.functional.update_ledger import Reading, UpdateLedger
 
 NAMES = ["enc.weight", "head.weight"]
@@ -165,3 +168,49 @@ def test_frozen_parameters_moved_by_the_step_and_unfrozen_at_the_step() -> None:
     readings, _ = batch(0, [1.0, 1.0])
     led.close_batch(readings, start_step=0)
     assert led.finish() == []
+
+
+# ---------------------------------------------------------------------- late freezing
+def _watch(net: torch.nn.Module, **kwargs: object) -> LateFreezeWatch:
+    named = dict(net.named_parameters())
+    return LateFreezeWatch(list(named), list(named.values()),
+                           tensor_norms(list(named.values())).tolist(),
+                           {n: p.numel() for n, p in named.items()}, 10, module=net,
+                           **kwargs)  # type: ignore[arg-type]
+
+
+def _net() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                               torch.nn.Linear(4, 2))
+
+
+def test_a_freeze_after_training_steps_is_late() -> None:
+    net = _net()
+    watch = _watch(net)
+    with torch.no_grad():
+        net[0].weight.add_(0.1)
+        net(torch.randn(8, 4))  # the running statistics move too
+    assert watch.check(15) is None  # nothing frozen yet
+    net[:2].requires_grad_(False)
+    v = watch.check(15)
+    assert v is not None and v.code == "wiring.frozen_late" and v.step == 15
+    assert v.evidence["steps_trained"] == 5 and v.evidence["exact"]
+    assert set(v.evidence["moved"]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
+    assert v.evidence["moved"]["0.bias"] == 0.0 and v.evidence["moved"]["0.weight"] > 0.0
+    assert list(v.evidence["running_stats_moved"]) == ["1"]
+    assert watch.check(16) is None  # decided once
+
+
+def test_a_freeze_before_any_step_or_after_an_epoch() -> None:
+    net = _net()
+    watch = _watch(net, snapshot_limit=0)
+    net[0].requires_grad_(False)
+    assert watch.check(10) is None and "0.weight" not in watch.names  # frozen from the start
+    watch.epoch_end(14)  # a first epoch of 4 steps
+    with torch.no_grad():
+        net[2].weight.mul_(2.0)
+    net[2].requires_grad_(False)
+    v = watch.check(20)
+    assert v is not None and v.severity == "info" and v.evidence["deliberate"]
+    assert not v.evidence["exact"] and v.evidence["max_moved"] == pytest.approx(1.0)

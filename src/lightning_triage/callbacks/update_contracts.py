@@ -18,20 +18,16 @@ from lightning_triage.callbacks._args import check_int
 from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.adapters import peft_base_params
+from lightning_triage.functional.late_freeze import LateFreezeWatch, running_norms
 from lightning_triage.functional.update import (
     frozen_running_stats,
     frozen_running_stats_verdict,
-    late_freeze_verdict,
     tensor_norms,
 )
 from lightning_triage.functional.update_ledger import Reading, ReadingKind, UpdateLedger
 
 #: Training batches after which the running statistics of frozen parts are compared.
 RUNNING_STATS_BATCHES = 3
-#: Late freezing: the trainable values copied (to the host) at the first batch, at most, to say
-#: how far parameters frozen later had moved (``||w - w0|| / ||w0||``); above it, the change of
-#: their norms (a lower bound).
-LATE_SNAPSHOT_VALUES = 4_000_000
 
 
 @dataclass
@@ -110,19 +106,8 @@ class UpdateContractCheck(TriageCallback):
         self._reset_late()
 
     def _reset_late(self) -> None:
-        # late freezing (watched past the window, at epoch starts and validation ends): the
-        # parameters trainable at the first batch, their norms then, and the running-statistics
-        # layers whose parameters they all are
-        self._late_armed = False
-        self._late_done = False
-        self._late_step = 0
-        self._late_names: list[str] = []
-        self._late_params: list[Tensor] = []
-        self._late_base: list[float] = []
-        self._late_bn: list[tuple[str, torch.nn.Module, float, set[str]]] = []
-        self._late_sizes: dict[str, int] = {}
-        self._late_snapshot: list[Tensor] | None = None
-        self._first_epoch_steps: int | None = None
+        # late freezing (watched past the window, at epoch starts and validation ends)
+        self._late: LateFreezeWatch | None = None
 
     @override
     @guarded
@@ -252,8 +237,8 @@ class UpdateContractCheck(TriageCallback):
     @override
     @guarded
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._first_epoch_steps is None and self._late_armed:
-            self._first_epoch_steps = trainer.global_step - self._late_step
+        if self._late is not None:
+            self._late.epoch_end(trainer.global_step)
 
     @override
     @guarded
@@ -262,65 +247,12 @@ class UpdateContractCheck(TriageCallback):
             self._finish(trainer)
 
     # ------------------------------------------------------------------ late freezing
-    def _arm_late(self, pl_module: pl.LightningModule, held: set[int]) -> None:
-        self._reset_late()
-        keep = [i for i, p in enumerate(self._params) if p.requires_grad and id(p) in held]
-        self._late_names = [self._names[i] for i in keep]
-        self._late_params = [self._params[i] for i in keep]
-        self._late_base = [self._init[i] for i in keep]
-        self._late_sizes = dict(self._sizes)
-        if sum(int(p.numel()) for p in self._late_params) <= LATE_SNAPSHOT_VALUES:
-            self._late_snapshot = [p.detach().to("cpu", copy=True) for p in self._late_params]
-        watched = set(self._late_names)
-        for name, m in pl_module.named_modules():
-            own = {f"{name}.{n}" if name else n for n, _ in m.named_parameters(recurse=False)}
-            if own and own <= watched and getattr(m, "running_mean", None) is not None:
-                self._late_bn.append((name, m, float(self._running_norms(m).sum()), own))
-        self._late_armed = True
-
     def _check_late(self, trainer: pl.Trainer, step: int | None = None) -> None:
         """``wiring.frozen_late``: parameters trainable at the first batch that are frozen now
-        (``requires_grad=False``), after optimizer steps that moved them. Host-side flags only
-        until one flips; then one read of their norms."""
-        if not self._late_armed or self._late_done:
-            return
-        frozen = [i for i, p in enumerate(self._late_params) if not p.requires_grad]
-        if not frozen:
-            return
-        at = trainer.global_step if step is None else step
-        steps = at - self._late_step
-        if steps <= 0:  # frozen before any step: frozen from the start, nothing lost
-            keep = [i for i in range(len(self._late_params)) if i not in set(frozen)]
-            self._late_names = [self._late_names[i] for i in keep]
-            self._late_params = [self._late_params[i] for i in keep]
-            self._late_base = [self._late_base[i] for i in keep]
-            return
-        self._late_done = True
-        now = tensor_norms([self._late_params[i] for i in frozen]).tolist()
-        # how far each moved relative to its starting norm (a tensor that started at zero, a
-        # bias, relative to the largest starting norm among them): ||w - w0|| from the host
-        # snapshot, else the change of the norm (a lower bound)
-        scale = max((self._late_base[i] for i in frozen), default=0.0) or 1.0
-        snap = self._late_snapshot
-        if snap is not None:
-            dist = [float(torch.linalg.vector_norm(
-                self._late_params[i].detach().to("cpu").double() - snap[i].double()))
-                for i in frozen]
-        else:
-            dist = [abs(n - self._late_base[i]) for i, n in zip(frozen, now, strict=True)]
-        moved = {self._late_names[i]: d / (self._late_base[i] or scale)
-                 for i, d in zip(frozen, dist, strict=True)}
-        names = set(moved)
-        stats = {}
-        for name, m, base, own in self._late_bn:
-            if own <= names:
-                cur = float(self._running_norms(m).sum())
-                stats[name] = abs(cur - base) / base if base > 0 else float(cur > 0)
-        deliberate = self._first_epoch_steps is not None and steps > self._first_epoch_steps
-        self.add_verdicts(trainer, late_freeze_verdict(
-            moved, at, self._late_sizes, steps_trained=steps,
-            running_stats=stats, deliberate=deliberate, exact=snap is not None))
-        self._late_snapshot = None
+        (:class:`~lightning_triage.functional.late_freeze.LateFreezeWatch`)."""
+        if self._late is not None:
+            self.add_verdicts(trainer, self._late.check(
+                trainer.global_step if step is None else step))
 
     # ------------------------------------------------------------------ readings
     def _membership(self, trainer: pl.Trainer, *, at_step: bool = False) -> None:
@@ -369,20 +301,19 @@ class UpdateContractCheck(TriageCallback):
                       and m.max_norm is not None and id(m.weight) in index},
             pinned=peft_base_params(pl_module))  # a peft model's frozen base: never an EMA
         frozen_bn = set(frozen_running_stats(pl_module))
-        self._bn = [(name, type(m).__name__, self._running_norms(m))
+        self._bn = [(name, type(m).__name__, running_norms(m))
                     for name, m in pl_module.named_modules() if name in frozen_bn]
         self._bn_step = trainer.global_step
-        if not self._late_armed:
+        if self._late is None:  # the parameters trainable (and held) at the first batch
             held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
                     for p in g["params"]}
-            self._arm_late(pl_module, held)
-            self._late_step = trainer.global_step
+            keep = [i for i, p in enumerate(self._params) if p.requires_grad and id(p) in held]
+            self._late = LateFreezeWatch(
+                [self._names[i] for i in keep], [self._params[i] for i in keep],
+                [self._init[i] for i in keep], self._sizes, trainer.global_step,
+                module=pl_module)
         self._armed = True
         return True
-
-    @staticmethod
-    def _running_norms(m: torch.nn.Module) -> Tensor:
-        return tensor_norms([getattr(m, "running_mean", None), getattr(m, "running_var", None)])
 
     def _pre_hook(self, trainer: pl.Trainer, opt: int) -> Any:
         def hook(optimizer: Optimizer, args: Any, kwargs: Any) -> None:
@@ -459,7 +390,7 @@ class UpdateContractCheck(TriageCallback):
             m = modules.get(name)
             if m is None:
                 continue
-            now = self._running_norms(m)
+            now = running_norms(m)
             change = (now - start).abs().max().item()
             if change > 0:
                 moved[name] = change
