@@ -14,7 +14,7 @@ from lightning_triage import Triage
 from tests.callbacks import update_models as m
 from tests.callbacks.test_update_contracts import BATCHES, _the, fit
 from tests.helpers import make_trainer, seeds
-from tests.probe_models import digits
+from tests.probe_models import ManualClassifier, digits
 
 LOOPS = [  # (backward, step, clip)
     ("direct", "raw", False), ("direct", "raw", True), ("manual", "raw", False),
@@ -74,3 +74,18 @@ def test_weights_are_bit_identical_with_and_without(tmp_path: Path, step: Any) -
     for key, value in states[0][0].items():
         assert torch.equal(value, states[1][0][key]), key
     assert states[0][1] == states[1][1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("backward", "step"), [("direct", "raw"), ("manual", "lightning")])
+def test_cuda_own_scaler_and_lightnings_scaler_under_manual_optimization(
+        tmp_path: Path, backward: Any, step: Any) -> None:
+    cuda = {"accelerator": "cuda", "precision": "32-true"}
+    own = fit(tmp_path, m.OwnScaler(backward=backward, step=step, clip=True, device="cuda"), **cuda)
+    assert own.findings == [], [(f.code, f.message) for f in own.findings]
+    # Lightning's own scaler (16-mixed): its hook reads before the raw step's pre-hook
+    mixed = fit(tmp_path, ManualClassifier(), accelerator="cuda", precision="16-mixed")
+    assert mixed.findings == [] and f"({BATCHES} optimizer step(s))" in mixed.detail
+    never = fit(tmp_path, m.OwnScaler(backward=backward, step=step, zero=False, device="cuda"),
+                **cuda)
+    assert _the(never, "wiring.grads_not_zeroed").severity == "error"

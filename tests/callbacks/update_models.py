@@ -296,15 +296,17 @@ class OwnScaler(ManualClassifier):
         zero: call ``opt.zero_grad()`` (``False``: the real bug, gradients never zeroed).
         reset_at: re-initialize the head after the step of this batch (the real bug: a change
             outside the step).
+        device: the scaler's device (``"cuda"`` with a CUDA trainer).
     """
 
     def __init__(self, backward: Literal["manual", "direct"] = "direct",
                  step: Literal["raw", "lightning"] = "raw", clip: bool = False,
-                 zero: bool = True, reset_at: int | None = None, **kwargs: Any) -> None:
+                 zero: bool = True, reset_at: int | None = None, device: str = "cpu",
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.backward_kind, self.step_kind, self.clip = backward, step, clip
         self.zero, self.reset_at = zero, reset_at
-        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        self.scaler = torch.amp.GradScaler(device, init_scale=2.0**10)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         opt = self.optimizers()
