@@ -3,6 +3,7 @@ update contracts stay silent on the healthy loops and catch the broken twins."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_triage import Triage
+from lightning_triage import Triage, UpdateContractCheck
 from tests.callbacks import update_models as m
 from tests.callbacks.test_update_contracts import BATCHES, _the, fit
 from tests.helpers import make_trainer, seeds
@@ -89,3 +90,19 @@ def test_cuda_own_scaler_and_lightnings_scaler_under_manual_optimization(
     never = fit(tmp_path, m.OwnScaler(backward=backward, step=step, zero=False, device="cuda"),
                 **cuda)
     assert _the(never, "wiring.grads_not_zeroed").severity == "error"
+
+
+def test_the_check_pickles_inside_its_window(tmp_path: Path) -> None:
+    """The weak references to the gradients (the zeroing evidence) do not travel."""
+    sizes = []
+
+    class Pickle(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step == 4:
+                check = next(c for c in trainer.callbacks  # type: ignore[attr-defined]
+                             if isinstance(c, UpdateContractCheck))
+                assert check._grad_refs and not check.idle
+                sizes.append(len(pickle.loads(pickle.dumps(check))._grad_refs))
+
+    check = fit(tmp_path, m.OwnScaler(step="lightning"), (Pickle(),))
+    assert sizes == [0] and check.findings == []

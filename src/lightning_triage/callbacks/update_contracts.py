@@ -59,7 +59,11 @@ class UpdateContractCheck(TriageCallback):
     For the first ``window`` training batches it reads the norm of every parameter (one fused
     ``foreach`` kernel) at the start of the batch, at the first backward, before and after each
     optimizer step and at the end of the batch, and the gradients' norms at each backward and
-    before each step; one host sync per batch. Then it decides, removes its hooks and goes idle.
+    before each step; one host sync per batch. Under manual optimization, a step that Lightning
+    does not announce (``scaler.step(opt.optimizer)`` of the user's own ``GradScaler``) is read
+    by a step pre-hook on the optimizer. The readings feed a pure ledger of the functional core
+    (:class:`~lightning_triage.functional.update_ledger.UpdateLedger`), which decides. At the end
+    of the window it removes its hooks and goes idle.
 
     Findings:
         ``wiring.grads_not_zeroed`` (an optimizer steps on gradients that were not zeroed since
