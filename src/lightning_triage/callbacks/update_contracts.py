@@ -30,7 +30,7 @@ from lightning_triage.functional.update_ledger import Reading, ReadingKind, Upda
 RUNNING_STATS_BATCHES = 3
 
 
-@dataclass
+@dataclass(eq=False)
 class _Point:
     """A reading of every parameter's norm at one point of a batch (device tensors until the
     batch ends)."""
