@@ -174,8 +174,10 @@ _SPECS: tuple[CodeSpec, ...] = (
                "highest loss, with labels, predictions and confidence."),
     # 2. init
     _spec("init.loss_above_chance", "error", "Step-0 loss is far above chance level",
-          "Check the output scale (logits multiplied somewhere? a large init?), the label "
-          "encoding, and a missing or extra softmax before the loss.",
+          "Check the output scale (logits multiplied somewhere? a large init or temperature?), "
+          "the label encoding, and a missing or extra softmax before the loss; for regression, "
+          "the output scale, the target scale (standardize regression targets) and the loss "
+          "reduction.",
           when="Classification: the step-0 loss is above `above_ratio` (2) x the chance level and more "
                "than 0.5 nats above it; regression: above 10x the largest baseline."),
     _spec("init.loss_below_chance", "warning", "Step-0 loss is far below chance level",
@@ -207,7 +209,7 @@ _SPECS: tuple[CodeSpec, ...] = (
                "parameter."),
     _spec("wiring.params_not_in_optimizer", "error", "Parameters get gradients but no optimizer updates them",
           "Pass all trainable parameters to the optimizer in `configure_optimizers` "
-          "(`self.parameters()`, not one submodule's).",
+          "(`self.parameters()`, not one submodule's), or add the missing ones to a param group.",
           when="Parameters receive gradients but are in no param group of `trainer.optimizers`.",
           remedy="add_params"),
     _spec("wiring.grads_not_zeroed", "error", "Gradients are not zeroed between optimizer steps",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -279,3 +279,52 @@ class EditFrozen(EncoderHead):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.head.parameters(), lr=self.lr)
+
+
+# ---------------------------------------------------------------------- 5. a scaler of its own
+class OwnScaler(ManualClassifier):
+    """Manual optimization that keeps its own ``torch.amp.GradScaler`` (on CPU), the way users
+    write it: ``opt.zero_grad()``, the scaled loss's backward (``self.manual_backward`` or
+    ``.backward()`` directly), optionally ``scaler.unscale_`` and clipping, then
+    ``scaler.step`` on the raw optimizer (``opt.optimizer``) or on Lightning's wrapper, and
+    ``scaler.update()``.
+
+    Args:
+        backward: ``"manual"`` (``self.manual_backward``) or ``"direct"`` (``.backward()``).
+        step: ``"raw"`` (``scaler.step(opt.optimizer)``) or ``"lightning"`` (``scaler.step(opt)``).
+        clip: unscale and clip the gradients before the step.
+        zero: call ``opt.zero_grad()`` (``False``: the real bug, gradients never zeroed).
+        reset_at: re-initialize the head after the step of this batch (the real bug: a change
+            outside the step).
+        device: the scaler's device (``"cuda"`` with a CUDA trainer).
+    """
+
+    def __init__(self, backward: Literal["manual", "direct"] = "direct",
+                 step: Literal["raw", "lightning"] = "raw", clip: bool = False,
+                 zero: bool = True, reset_at: int | None = None, device: str = "cpu",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.backward_kind, self.step_kind, self.clip = backward, step, clip
+        self.zero, self.reset_at = zero, reset_at
+        self.scaler = torch.amp.GradScaler(device, init_scale=2.0**10)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        opt = self.optimizers()
+        if self.zero:
+            opt.zero_grad()  # type: ignore[union-attr]
+        loss = self.loss(batch)
+        scaled = self.scaler.scale(loss)
+        if self.backward_kind == "manual":
+            self.manual_backward(scaled)
+        else:
+            scaled.backward()
+        target = opt.optimizer if self.step_kind == "raw" else opt  # type: ignore[union-attr]
+        if self.clip:
+            self.scaler.unscale_(target)
+            torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
+        self.scaler.step(target)
+        self.scaler.update()
+        if batch_idx == self.reset_at:
+            self.net[-1].reset_parameters()  # type: ignore[index,operator]
+        self.log("train_loss", loss)
+        return loss.detach()

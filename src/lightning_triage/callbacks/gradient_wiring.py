@@ -17,29 +17,16 @@ from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.adapters import zero_partners
 from lightning_triage.functional.tensors import any_nonzero
-from lightning_triage.functional.wiring import (
-    ModuleGroup,
-    WiringResult,
-    analyze_wiring,
-    describe_groups,
-    group_by_module,
+from lightning_triage.functional.wiring import WiringResult, analyze_wiring, group_by_module
+from lightning_triage.functional.wiring_verdicts import (
+    detached_loss_verdict,
+    wiring_verdicts,
+    zero_partner_verdict,
 )
 
-#: At most this many parameter names are listed in a finding's evidence.
-MAX_LISTED = 200
 #: Optimizer steps after the first backward by which a zero gradient that a zero-initialized
 #: partner explained (LoRA's ``lora_A`` while ``lora_B`` is zero) must have turned non-zero.
 CONFIRM_STEPS = 3
-
-
-def _evidence(groups: list[ModuleGroup]) -> dict[str, Any]:
-    names = [n for g in groups for n in g.params]
-    return {
-        "modules": [g.module for g in groups],
-        "params": names[:MAX_LISTED],
-        "num_params": len(names),
-        "numel": sum(g.numel for g in groups),
-    }
 
 
 class GradientWiringCheck(TriageCallback):
@@ -197,19 +184,11 @@ class GradientWiringCheck(TriageCallback):
     def _report_detached(self, trainer: pl.Trainer, loss: Tensor) -> None:
         if self.has_finding("wiring.loss_detached"):
             return
-        frozen = f"; {len(self._frozen)} parameter tensors are frozen" if self._frozen else ""
         where = "`training_step`" if trainer.lightning_module.automatic_optimization else \
             "the tensor passed to `manual_backward`"
-        self.add_finding(
-            trainer, "wiring.loss_detached",
-            f"The loss returned by {where} at step {trainer.global_step} has no `grad_fn` "
-            f"(requires_grad=False, value {float(loss.detach().float().mean()):.4g}): it is "
-            f"connected to none of the {len(self._trainable)} trainable parameter tensors"
-            f"{frozen}. The backward will fail or do nothing.",
-            evidence={"requires_grad": False, "trainable_tensors": len(self._trainable),
-                      "frozen_tensors": len(self._frozen)},
-            global_step=self._step,
-        )
+        self.add_verdict(trainer, detached_loss_verdict(
+            where, self._step, float(loss.detach().float().mean()), len(self._trainable),
+            len(self._frozen)))
         self._finish("the loss has no `grad_fn`")
 
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -233,55 +212,10 @@ class GradientWiringCheck(TriageCallback):
                 result, zero_grad=group_by_module(keep, self._trainable) if keep else [])
         self.result = result
         step = self._step
-        if result.loss_detached and not self.has_finding("wiring.loss_detached"):
-            self.add_finding(
-                trainer, "wiring.loss_detached",
-                f"{self._backwards} backward pass(es) at step {step} reached none of the "
-                f"{len(self._trainable)} trainable parameter tensors: the loss depends on no "
-                "trainable parameter (computed from detached tensors, or from inputs only).",
-                evidence={"backwards": self._backwards,
-                          "trainable_tensors": len(self._trainable)},
-                global_step=step,
-            )
-        if result.no_grad:
-            self.add_finding(
-                trainer, "wiring.no_grad_params",
-                f"After the first backward (step {step}), {describe_groups(result.no_grad)} "
-                f"got no gradient (`.grad` is None) although `requires_grad=True`: their "
-                "outputs do not reach the loss (`.detach()`, `torch.no_grad()`, a module "
-                "defined but never called).",
-                layer=result.no_grad[0].module or None,
-                evidence=_evidence(result.no_grad), global_step=step,
-            )
-        if result.zero_grad:
-            self.add_finding(
-                trainer, "wiring.zero_grad_params",
-                f"After the first backward (step {step}), the gradient of "
-                f"{describe_groups(result.zero_grad)} is exactly zero everywhere: something "
-                "blocks the path (a multiplication by zero, a mask, dead activations).",
-                layer=result.zero_grad[0].module or None,
-                evidence=_evidence(result.zero_grad), global_step=step,
-            )
-        if result.not_in_optimizer:
-            self.add_finding(
-                trainer, "wiring.params_not_in_optimizer",
-                f"{describe_groups(result.not_in_optimizer)} receive gradients but belong to "
-                f"no param group of the {len(trainer.optimizers)} optimizer(s) returned by "
-                "`configure_optimizers`: they are never updated. Pass `self.parameters()` (or "
-                "add them to a param group).",
-                layer=result.not_in_optimizer[0].module or None,
-                evidence=_evidence(result.not_in_optimizer), global_step=step,
-            )
-        if result.frozen_groups and self.report_frozen:
-            counts = {g.module or "<model>": g.numel for g in result.frozen_groups}
-            self.add_finding(
-                trainer, "wiring.frozen_params",
-                f"{describe_groups(result.frozen_groups)} are frozen (`requires_grad=False`): "
-                f"{sum(result.frozen.values()):,} of "
-                f"{sum(result.frozen.values()) + sum(result.trainable.values()):,} values.",
-                evidence={**_evidence(result.frozen_groups), "per_module": counts},
-                global_step=step,
-            )
+        self.add_verdicts(trainer, wiring_verdicts(
+            result, step, backwards=self._backwards, optimizers=len(trainer.optimizers),
+            report_frozen=self.report_frozen,
+            loss_detached=not self.has_finding("wiring.loss_detached")))
         got = len(set(self._received) & set(self._trainable))
         detail = (f"first backward at step {step}: {got}/{len(self._trainable)} trainable "
                   f"parameter tensors got a gradient ({self._backwards} backward pass(es))")
@@ -351,25 +285,8 @@ class GradientWiringCheck(TriageCallback):
         partners = sorted({q for n in still for q in deferred[n]})
         unmoved = [q for q in partners if q in params and params[q].numel()
                    and not bool(any_nonzero(params[q].detach()))]
-        why = ("their zero-valued partners are still exactly zero: they never moved (a zero "
-               "learning rate for the adapters' param group, an optimizer step that skips them?)"
-               if unmoved else
-               "their zero-valued partners moved, so the zero comes from elsewhere: something "
-               "blocks the path (a multiplication by zero, a mask, dead activations)")
-        groups = group_by_module(still, self._trainable)
-        partner_groups = group_by_module(partners, self._trainable)
-        self.add_finding(
-            trainer, "wiring.zero_grad_params",
-            f"The gradient of {describe_groups(groups)} was exactly zero at the first backward "
-            f"(step {self._step}) and still is after {steps} optimizer step(s); at step "
-            f"{self._step} that was explained by the all-zero partner(s) "
-            f"{describe_groups(partner_groups)} (a zero-initialized adapter output such as "
-            f"LoRA's `lora_B`), but {why}.",
-            layer=groups[0].module or None,
-            evidence={**_evidence(groups), "partners": partners[:MAX_LISTED],
-                      "partners_still_zero": unmoved[:MAX_LISTED], "confirmed_after_steps": steps},
-            global_step=self._step,
-        )
+        self.add_verdict(trainer, zero_partner_verdict(still, partners, unmoved, self._step,
+                                                       steps, self._trainable))
 
     def _finish(self, detail: str) -> None:
         self._done = True

@@ -25,13 +25,13 @@ from lightning_triage.functional.adapters import uses_adapters
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import (
     IGNORE_INDEX,
-    TASKS,
     ChanceLevel,
     Task,
     compare_to_chance,
     resolve_chance,
 )
 from lightning_triage.functional.hooks import HeadCapture
+from lightning_triage.functional.init_verdicts import chance_unknown_verdict, initial_loss_verdict
 
 
 class InitialLossCheck(TriageCallback):
@@ -158,71 +158,19 @@ class InitialLossCheck(TriageCallback):
 
     def _chance_unknown(self, trainer: pl.Trainer, output: Tensor | None,
                         targets: Tensor | None) -> None:
-        def shape(t: Tensor | None) -> str:
-            return "none found" if t is None else f"{tuple(t.shape)} {t.dtype}"
-
-        seen = shape(output)
-        if output is None and self._capture.traced:
-            seen = ("not captured: the LightningModule is compiled as a whole, and a hook on it "
-                    "would change the compiled graph")
-
         self.detail = "chance level unknown"
-        self.add_finding(
-            trainer,
-            "init.chance_unknown",
-            f"Could not infer the task from the model output ({seen}) and the targets "
-            f"({shape(targets)}), so the step-0 loss was not checked. Pass `task=` (one of "
-            f"{', '.join(TASKS[1:])}) and `num_classes=` to check it.",
-            evidence={"output_shape": None if output is None else list(output.shape),
-                      "target_shape": None if targets is None else list(targets.shape)},
-            global_step=0,
-        )
+        self.add_verdict(trainer, chance_unknown_verdict(output, targets,
+                                                         compiled=self._capture.traced))
 
     def _compare(self, trainer: pl.Trainer, loss: float, level: ChanceLevel) -> None:
-        result = compare_to_chance(loss, level, above_ratio=self.above_ratio,
-                                   below_ratio=self.below_ratio)
-        evidence = {"loss": loss, "chance": level.value, "ratio": result.ratio,
-                    "reference": result.reference, "task": level.task,
-                    "num_classes": level.num_classes, "prior_baseline": level.prior,
-                    "inferred": self.task == "auto"}
-        self.detail = (f"step-0 loss {loss:.4g} vs chance {level.describe()} "
-                       f"({result.ratio:.2f}x)")
-        if result.verdict == "above":
-            self.add_finding(
-                trainer, "init.loss_above_chance",
-                f"step-0 loss {loss:.4g} is {result.ratio:.1f}x the chance level "
-                f"{level.describe()}.",
-                hint=("Check the output scale (logits multiplied somewhere? a large init or "
-                      "temperature?), the label encoding, and a missing or extra softmax "
-                      "before the loss."
-                      if level.task != "regression" else
-                      "Check the output scale and the target scale (standardize regression "
-                      "targets) and the loss reduction."),
-                evidence=evidence, global_step=0,
-            )
-        elif result.verdict == "below":
-            reference = (f"the chance level {level.describe()}" if level.task != "regression"
-                         else "the smallest constant-prediction baseline")
-            if level.task != "regression" and result.reference < level.value:
-                reference = (f"the best constant predictor's loss {result.reference:.4g} "
-                             f"(chance level {level.describe()})")
-            if uses_adapters(trainer.lightning_module):
-                # a PEFT fine-tune starts from a pretrained base: doing well at step 0 is its
-                # point, not a leak
-                self.add_finding(
-                    trainer, "init.loss_below_chance",
-                    f"step-0 loss {loss:.4g} is only {result.ratio:.3f}x {reference}: expected "
-                    "for a parameter-efficient fine-tune (peft adapters over a pretrained base "
-                    "that already fits the task).",
-                    severity="info", evidence={**evidence, "peft": True}, global_step=0,
-                )
-                return
-            self.add_finding(
-                trainer, "init.loss_below_chance",
-                f"step-0 loss {loss:.4g} is only {result.ratio:.3f}x {reference}: a fresh model "
-                "cannot do that well.",
-                evidence=evidence, global_step=0,
-            )
+        verdict = initial_loss_verdict(loss, level, above_ratio=self.above_ratio,
+                                       below_ratio=self.below_ratio,
+                                       peft=uses_adapters(trainer.lightning_module),
+                                       inferred=self.task == "auto")
+        ratio = compare_to_chance(loss, level, above_ratio=self.above_ratio,
+                                  below_ratio=self.below_ratio).ratio
+        self.detail = f"step-0 loss {loss:.4g} vs chance {level.describe()} ({ratio:.2f}x)"
+        self.add_verdicts(trainer, verdict)
 
     @override
     def remove_handles(self) -> None:

@@ -43,10 +43,15 @@ from lightning_triage.functional.chance import (
     resolve_chance,
 )
 from lightning_triage.functional.curve import CurveThresholds, classify_curve
+from lightning_triage.functional.curve_verdicts import (
+    ValidationSeen,
+    late_event_verdict,
+    validation_verdict,
+)
 from lightning_triage.functional.hooks import HeadCapture
 from lightning_triage.functional.overfit import batch_size_of
 from lightning_triage.functional.series import BoundedSeries
-from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch, grew_before
+from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch
 from lightning_triage.functional.verdict import Verdict
 from lightning_triage.probing import step_loss
 
@@ -332,37 +337,16 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         for e in events:
             if len(self._reported) > 200:
                 break  # bounded: the counts keep going
-            if e.kind == "spike":
-                self.counts["spikes_after_window"] += 1
-                msg = (f"loss spike at step {e.step} (after the first-epochs window): "
-                       f"{e.value:.4g}, {e.ratio:.1f}x the running level {e.level:.4g} "
-                       f"(robust std {e.spread:.3g}).")
-                code = "curve.loss_spike"
-            elif e.kind == "sustained":
-                if not e.value > e.level:
-                    continue
-                self.counts["divergences_after_window"] += 1
-                msg = (f"the loss rose from a running level of {e.level:.4g} to {e.value:.4g} "
-                       f"({e.ratio:.1f}x) at step {e.step} and stayed there (confirmed at step "
-                       f"{e.confirmed_step}): late divergence.")
-                code = "curve.diverging"
-            else:
-                i = steps.index(e.step) if e.step in steps else 0
-                if not grew_before(values, i, e.level, self.thresholds.diverge_ratio):
-                    continue  # NaN/Inf out of the blue: the numerics stage locates it
-                self.counts["divergences_after_window"] += 1
-                msg = (f"the training loss became {e.value} at step {e.step} (after the "
-                       f"first-epochs window; running level before: {e.level:.4g}).")
-                code = "curve.diverging"
-            key = (code, e.step)
+            v = late_event_verdict(e, steps, values, self.thresholds.diverge_ratio)
+            if v is None:
+                continue
+            self.counts["spikes_after_window" if v.code == "curve.loss_spike"
+                        else "divergences_after_window"] += 1
+            key = (v.code, e.step)
             if key in self._reported:
                 continue
             self._reported.add(key)
-            finding = self.add_finding(
-                trainer, code, msg, global_step=e.step,
-                evidence={"step": e.step, "value": e.value, "level_before": e.level,
-                          "spread": e.spread, "ratio": e.ratio, "kind": e.kind,
-                          "confirmed_step": e.confirmed_step, "after_window": True})
+            finding = self.add_verdict(trainer, v)
             log_finding(trainer, finding, scalar(finding.evidence, "ratio"))
 
     # ------------------------------------------------------------------ validation
@@ -448,40 +432,17 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 or self.has_finding("curve.sparse_validation"):
             return
         needed = 1 + max(2, self.thresholds.overfit_confirm)  # the overfitting rule's minimum
-        if self._val_runs == 0 or not len(self.val_series):
-            if self._val_runs:
-                why = (f"validation ran {self._val_runs} time(s) but no loss was found: return it "
-                       "from `validation_step`, log `val_loss`, or pass `val_key=`")
-            elif not is_overridden("validation_step", pl_module):
-                why = f"`{type(pl_module).__name__}` has no `validation_step`"
-            elif trainer.limit_val_batches == 0:
-                why = "`limit_val_batches=0`"
-            elif trainer.val_dataloaders is None:
-                why = "no validation dataloader was given"
-            else:
-                why = (f"validation never ran in {trainer.current_epoch + 1} epoch(s) "
-                       f"(`check_val_every_n_epoch` = {trainer.check_val_every_n_epoch}, "
-                       f"`val_check_interval` = {trainer.val_check_interval})")
-            finding = self.add_finding(
-                trainer, "curve.no_validation",
-                f"No validation loss in this fit ({why}): overfitting cannot be seen; the curve "
-                f"verdict rests on the training loss of {self._window_n} steps alone.",
-                evidence={"reason": why, "validation_runs": self._val_runs,
-                          "window_steps": self._window_n})
-        elif len(self.val) < needed and self._val_runs < trainer.current_epoch:
-            # rarer than once per epoch (once per epoch is the norm: not worth a note)
-            finding = self.add_finding(
-                trainer, "curve.sparse_validation",
-                f"Only {len(self.val)} validation loss(es) inside the first-epochs window of "
-                f"{self._window_n} steps ({self._val_runs} validation run(s) in the fit): the "
-                f"overfitting rule needs at least {needed}.",
-                evidence={"validation_in_window": len(self.val), "validation_runs": self._val_runs,
-                          "needed": needed, "window_steps": self._window_n,
-                          "check_val_every_n_epoch": trainer.check_val_every_n_epoch,
-                          "val_check_interval": str(trainer.val_check_interval)})
-        else:
-            return
-        log_finding(trainer, finding)
+        verdict = validation_verdict(ValidationSeen(
+            runs=self._val_runs, losses=len(self.val_series), in_window=len(self.val),
+            window_steps=self._window_n, epochs=trainer.current_epoch,
+            module=type(pl_module).__name__,
+            has_validation_step=is_overridden("validation_step", pl_module),
+            limit_val_batches_zero=trainer.limit_val_batches == 0,
+            has_val_loader=trainer.val_dataloaders is not None,
+            check_val_every_n_epoch=trainer.check_val_every_n_epoch,
+            val_check_interval=trainer.val_check_interval), needed)
+        if verdict is not None:
+            log_finding(trainer, self.add_verdict(trainer, verdict))
 
     @override
     def series(self) -> dict[str, list[list[float]]]:

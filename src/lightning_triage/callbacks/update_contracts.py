@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -18,47 +18,39 @@ from lightning_triage.callbacks._args import check_int
 from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.adapters import peft_base_params
+from lightning_triage.functional.late_freeze import LateFreezeWatch, running_norms
 from lightning_triage.functional.update import (
-    FORWARD,
-    STALLED_STEPS,
-    Change,
-    GradState,
-    StepRecord,
-    frozen_change_verdict,
     frozen_running_stats,
     frozen_running_stats_verdict,
-    late_freeze_verdict,
-    outside_change_verdicts,
-    stepping_verdict,
     tensor_norms,
-    zeroing_verdict,
 )
+from lightning_triage.functional.update_ledger import Reading, ReadingKind, UpdateLedger
 
 #: Training batches after which the running statistics of frozen parts are compared.
 RUNNING_STATS_BATCHES = 3
-#: Late freezing: the trainable values copied (to the host) at the first batch, at most, to say
-#: how far parameters frozen later had moved (``||w - w0|| / ||w0||``); above it, the change of
-#: their norms (a lower bound).
-LATE_SNAPSHOT_VALUES = 4_000_000
 
 
-def _differs(a: float, b: float) -> bool:
-    """Whether two norms differ (NaN equals NaN: a parameter that stays non-finite did not
-    change; that is the numerics stage's finding)."""
-    return a != b and not (math.isnan(a) and math.isnan(b))
-
-
-@dataclass
+@dataclass(eq=False)
 class _Point:
     """A reading of every parameter's norm at one point of a batch (device tensors until the
     batch ends)."""
 
-    kind: str  # "start", "backward", "pre", "post", "end"
+    kind: ReadingKind
     opt: int | None
     step: int
     norms: Tensor
     grads: Tensor | None = None
     lr: float = 0.0
+    renewed: frozenset[int] = frozenset()
+    tentative: bool = False  # taken by the optimizer's own step pre-hook
+
+
+class _GradRefs(dict[int, "weakref.ref[Tensor] | None"]):
+    """Each parameter's gradient tensor at its optimizer's last step (weak references: a
+    gradient set to ``None`` and re-created since is another tensor). Pickles empty."""
+
+    def __reduce__(self) -> tuple[type[_GradRefs], tuple[()]]:
+        return (_GradRefs, ())
 
 
 class UpdateContractCheck(TriageCallback):
@@ -67,7 +59,11 @@ class UpdateContractCheck(TriageCallback):
     For the first ``window`` training batches it reads the norm of every parameter (one fused
     ``foreach`` kernel) at the start of the batch, at the first backward, before and after each
     optimizer step and at the end of the batch, and the gradients' norms at each backward and
-    before each step; one host sync per batch. Then it decides, removes its hooks and goes idle.
+    before each step; one host sync per batch. Under manual optimization, a step that Lightning
+    does not announce (``scaler.step(opt.optimizer)`` of the user's own ``GradScaler``) is read
+    by a step pre-hook on the optimizer. The readings feed a pure ledger of the functional core
+    (:class:`~lightning_triage.functional.update_ledger.UpdateLedger`), which decides. At the end
+    of the window it removes its hooks and goes idle.
 
     Findings:
         ``wiring.grads_not_zeroed`` (an optimizer steps on gradients that were not zeroed since
@@ -114,19 +110,8 @@ class UpdateContractCheck(TriageCallback):
         self._reset_late()
 
     def _reset_late(self) -> None:
-        # late freezing (watched past the window, at epoch starts and validation ends): the
-        # parameters trainable at the first batch, their norms then, and the running-statistics
-        # layers whose parameters they all are
-        self._late_armed = False
-        self._late_done = False
-        self._late_step = 0
-        self._late_names: list[str] = []
-        self._late_params: list[Tensor] = []
-        self._late_base: list[float] = []
-        self._late_bn: list[tuple[str, torch.nn.Module, float, set[str]]] = []
-        self._late_sizes: dict[str, int] = {}
-        self._late_snapshot: list[Tensor] | None = None
-        self._first_epoch_steps: int | None = None
+        # late freezing (watched past the window, at epoch starts and validation ends)
+        self._late: LateFreezeWatch | None = None
 
     @override
     @guarded
@@ -139,25 +124,12 @@ class UpdateContractCheck(TriageCallback):
         self._names: list[str] = []
         self._params: list[Tensor] = []
         self._sizes: dict[str, int] = {}
-        self._opt_params: list[list[int]] = []
-        self._opt_names: list[str] = []
         self._init: list[float] = []
-        self._frozen: set[int] = set()
-        self._renormed: set[int] = set()
-        self._pinned: set[str] = set()
+        self._ledger: UpdateLedger | None = None
         self._points: list[_Point] = []
-        self._last_end: list[float] | None = None
         self._stepped: set[tuple[int, int]] = set()
+        self._grad_refs = _GradRefs()
         self._step_at_start = 0
-        # contract state
-        self._dirty: list[set[int]] = []
-        self._after_val: set[int] = set()
-        self._zeroing: list[tuple[list[int], list[bool], list[str]]] = []
-        self._records: list[list[StepRecord]] = []
-        self._stalled: set[int] = set()
-        self._changes: list[Change] = []
-        self._frozen_changes: list[Change] = []
-        self._seen: dict[str, int] = {}
         self._bn: list[tuple[str, str, Tensor]] = []
         self._bn_step = 0
 
@@ -196,10 +168,36 @@ class UpdateContractCheck(TriageCallback):
         if opt is None or (opt, trainer.global_step) in self._stepped:
             return  # LBFGS: its closure runs again inside the step
         self._stepped.add((opt, trainer.global_step))
+        raw = self._open_step(opt)
+        if raw is not None and raw.tentative:  # the step's own pre-hook read first: ours rules
+            self._points.remove(raw)
+        self._pre(trainer, opt, optimizer)
+
+    def _pre(self, trainer: pl.Trainer, opt: int, optimizer: Optimizer,
+             tentative: bool = False) -> None:
         self._membership(trainer, at_step=True)
         norms, grads = self._norms_and_grads(True)
         lr = max((float(g["lr"]) for g in optimizer.param_groups), default=0.0)
-        self._points.append(_Point("pre", opt, trainer.global_step, norms, grads, lr))
+        self._points.append(_Point("pre", opt, trainer.global_step, norms, grads, lr,
+                                   self._renewed(), tentative))
+
+    def _open_step(self, opt: int) -> _Point | None:
+        """The reading before the step of ``opt`` in flight (its last reading is a ``pre``)."""
+        for p in reversed(self._points):
+            if p.opt == opt:
+                return p if p.kind == "pre" else None
+        return None
+
+    def _renewed(self) -> frozenset[int]:
+        """The parameters whose gradient is another tensor than at their optimizer's last step:
+        set to ``None`` (zeroed) in between, whatever ran the backward."""
+        renewed = set()
+        for i, p in enumerate(self._params):
+            if i in self._grad_refs and p.grad is not None:
+                ref = self._grad_refs[i]
+                if ref is None or ref() is not p.grad:
+                    renewed.add(i)
+        return frozenset(renewed)
 
     @override
     @guarded
@@ -224,10 +222,10 @@ class UpdateContractCheck(TriageCallback):
     @override
     @guarded
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._armed and not trainer.sanity_checking:
+        if self._armed and self._ledger is not None and not trainer.sanity_checking:
             # Lightning zeroes the gradients before validation: the next step of each
             # optimizer is clean whatever the user's code does (no evidence either way)
-            self._after_val = set(range(len(self._dirty)))
+            self._ledger.validation()
 
     @override
     @guarded
@@ -243,8 +241,8 @@ class UpdateContractCheck(TriageCallback):
     @override
     @guarded
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._first_epoch_steps is None and self._late_armed:
-            self._first_epoch_steps = trainer.global_step - self._late_step
+        if self._late is not None:
+            self._late.epoch_end(trainer.global_step)
 
     @override
     @guarded
@@ -253,65 +251,12 @@ class UpdateContractCheck(TriageCallback):
             self._finish(trainer)
 
     # ------------------------------------------------------------------ late freezing
-    def _arm_late(self, pl_module: pl.LightningModule, held: set[int]) -> None:
-        self._reset_late()
-        keep = [i for i, p in enumerate(self._params) if p.requires_grad and id(p) in held]
-        self._late_names = [self._names[i] for i in keep]
-        self._late_params = [self._params[i] for i in keep]
-        self._late_base = [self._init[i] for i in keep]
-        self._late_sizes = dict(self._sizes)
-        if sum(int(p.numel()) for p in self._late_params) <= LATE_SNAPSHOT_VALUES:
-            self._late_snapshot = [p.detach().to("cpu", copy=True) for p in self._late_params]
-        watched = set(self._late_names)
-        for name, m in pl_module.named_modules():
-            own = {f"{name}.{n}" if name else n for n, _ in m.named_parameters(recurse=False)}
-            if own and own <= watched and getattr(m, "running_mean", None) is not None:
-                self._late_bn.append((name, m, float(self._running_norms(m).sum()), own))
-        self._late_armed = True
-
     def _check_late(self, trainer: pl.Trainer, step: int | None = None) -> None:
         """``wiring.frozen_late``: parameters trainable at the first batch that are frozen now
-        (``requires_grad=False``), after optimizer steps that moved them. Host-side flags only
-        until one flips; then one read of their norms."""
-        if not self._late_armed or self._late_done:
-            return
-        frozen = [i for i, p in enumerate(self._late_params) if not p.requires_grad]
-        if not frozen:
-            return
-        at = trainer.global_step if step is None else step
-        steps = at - self._late_step
-        if steps <= 0:  # frozen before any step: frozen from the start, nothing lost
-            keep = [i for i in range(len(self._late_params)) if i not in set(frozen)]
-            self._late_names = [self._late_names[i] for i in keep]
-            self._late_params = [self._late_params[i] for i in keep]
-            self._late_base = [self._late_base[i] for i in keep]
-            return
-        self._late_done = True
-        now = tensor_norms([self._late_params[i] for i in frozen]).tolist()
-        # how far each moved relative to its starting norm (a tensor that started at zero, a
-        # bias, relative to the largest starting norm among them): ||w - w0|| from the host
-        # snapshot, else the change of the norm (a lower bound)
-        scale = max((self._late_base[i] for i in frozen), default=0.0) or 1.0
-        snap = self._late_snapshot
-        if snap is not None:
-            dist = [float(torch.linalg.vector_norm(
-                self._late_params[i].detach().to("cpu").double() - snap[i].double()))
-                for i in frozen]
-        else:
-            dist = [abs(n - self._late_base[i]) for i, n in zip(frozen, now, strict=True)]
-        moved = {self._late_names[i]: d / (self._late_base[i] or scale)
-                 for i, d in zip(frozen, dist, strict=True)}
-        names = set(moved)
-        stats = {}
-        for name, m, base, own in self._late_bn:
-            if own <= names:
-                cur = float(self._running_norms(m).sum())
-                stats[name] = abs(cur - base) / base if base > 0 else float(cur > 0)
-        deliberate = self._first_epoch_steps is not None and steps > self._first_epoch_steps
-        self.add_verdicts(trainer, late_freeze_verdict(
-            moved, at, self._late_sizes, steps_trained=steps,
-            running_stats=stats, deliberate=deliberate, exact=snap is not None))
-        self._late_snapshot = None
+        (:class:`~lightning_triage.functional.late_freeze.LateFreezeWatch`)."""
+        if self._late is not None:
+            self.add_verdicts(trainer, self._late.check(
+                trainer.global_step if step is None else step))
 
     # ------------------------------------------------------------------ readings
     def _membership(self, trainer: pl.Trainer, *, at_step: bool = False) -> None:
@@ -323,14 +268,11 @@ class UpdateContractCheck(TriageCallback):
         held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
                 for p in g["params"]}
         index = {id(p): i for i, p in enumerate(self._params)}
-        self._opt_params = [sorted({index[id(p)] for g in opt.param_groups for p in g["params"]
-                                    if id(p) in index}) for opt in trainer.optimizers]
-        if at_step:
-            self._frozen -= {i for i in self._frozen
-                             if id(self._params[i]) in held and self._params[i].requires_grad}
-            return
-        self._frozen = {i for i, p in enumerate(self._params)
-                        if not p.requires_grad or id(p) not in held}
+        assert self._ledger is not None
+        self._ledger.membership(
+            [[index[id(p)] for g in opt.param_groups for p in g["params"] if id(p) in index]
+             for opt in trainer.optimizers],
+            [p.requires_grad and id(p) in held for p in self._params], at_step=at_step)
 
     def _arm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         sharded = sharded_strategy(trainer)
@@ -350,39 +292,50 @@ class UpdateContractCheck(TriageCallback):
                 self._params.append(p)
                 self._sizes[name] = p.numel()
         for i, opt in enumerate(trainer.optimizers):
-            self._opt_names.append(f"optimizer {i} ({type(opt).__name__})")
+            self.add_handle(opt.register_step_pre_hook(self._pre_hook(trainer, i)))
             self.add_handle(opt.register_step_post_hook(self._post_hook(trainer, i)))
-        n = len(trainer.optimizers)
-        self._dirty = [set() for _ in range(n)]
-        self._zeroing = [([], [], []) for _ in range(n)]
-        self._records = [[] for _ in range(n)]
         self._init = self._norms().tolist()
         index = {id(p): i for i, p in enumerate(self._params)}
-        # `nn.Embedding(max_norm=...)` renormalizes the rows it looks up in place, in forward
-        self._renormed = {index[id(m.weight)] for m in pl_module.modules()
-                          if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
-                          and m.max_norm is not None and id(m.weight) in index}
-        self._pinned = peft_base_params(pl_module)  # a peft model's frozen base: never an EMA
+        self._ledger = UpdateLedger(
+            self._names, self._sizes, self._init,
+            [f"optimizer {i} ({type(opt).__name__})" for i, opt in enumerate(trainer.optimizers)],
+            # `nn.Embedding(max_norm=...)` renormalizes the rows it looks up in place, in forward
+            renormed={index[id(m.weight)] for m in pl_module.modules()
+                      if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+                      and m.max_norm is not None and id(m.weight) in index},
+            pinned=peft_base_params(pl_module))  # a peft model's frozen base: never an EMA
         frozen_bn = set(frozen_running_stats(pl_module))
-        self._bn = [(name, type(m).__name__, self._running_norms(m))
+        self._bn = [(name, type(m).__name__, running_norms(m))
                     for name, m in pl_module.named_modules() if name in frozen_bn]
         self._bn_step = trainer.global_step
-        if not self._late_armed:
+        if self._late is None:  # the parameters trainable (and held) at the first batch
             held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
                     for p in g["params"]}
-            self._arm_late(pl_module, held)
-            self._late_step = trainer.global_step
+            keep = [i for i, p in enumerate(self._params) if p.requires_grad and id(p) in held]
+            self._late = LateFreezeWatch(
+                [self._names[i] for i in keep], [self._params[i] for i in keep],
+                [self._init[i] for i in keep], self._sizes, trainer.global_step,
+                module=pl_module)
         self._armed = True
         return True
 
-    @staticmethod
-    def _running_norms(m: torch.nn.Module) -> Tensor:
-        return tensor_norms([getattr(m, "running_mean", None), getattr(m, "running_var", None)])
+    def _pre_hook(self, trainer: pl.Trainer, opt: int) -> Any:
+        def hook(optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+            # manual optimization: a step Lightning does not announce (`scaler.step(opt.optimizer)`
+            # of the user's own gradient scaler); read before it unless Lightning's reading
+            # comes first (its `16-mixed` plugin), or comes later and replaces this one
+            if self._armed and not trainer.lightning_module.automatic_optimization \
+                    and self._open_step(opt) is None:
+                self._pre(trainer, opt, optimizer, tentative=True)
+        return self.guard_hook(trainer, "optimizer step pre-hook", hook)
 
     def _post_hook(self, trainer: pl.Trainer, opt: int) -> Any:
         def hook(optimizer: Optimizer, args: Any, kwargs: Any) -> None:
             if self._armed:
                 self._points.append(_Point("post", opt, trainer.global_step, self._norms()))
+                held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+                self._grad_refs.update({i: None if p.grad is None else weakref.ref(p.grad)
+                                        for i, p in enumerate(self._params) if id(p) in held})
         return self.guard_hook(trainer, "optimizer step post-hook", hook)
 
     def _norms(self) -> Tensor:
@@ -396,7 +349,7 @@ class UpdateContractCheck(TriageCallback):
         n = len(self._params) if with_params else 0
         return both[:n], both[n:]
 
-    def _point(self, kind: str, opt: int | None, step: int) -> None:
+    def _point(self, kind: ReadingKind, opt: int | None, step: int) -> None:
         self._points.append(_Point(kind, opt, step, self._norms()))
 
     def _opt_index(self, trainer: pl.Trainer, optimizer: Optimizer) -> int | None:
@@ -407,11 +360,12 @@ class UpdateContractCheck(TriageCallback):
 
     # ------------------------------------------------------------------ one batch
     def _close_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Read the batch's points to the host (its one sync) and hand them to the ledger."""
         points, self._points = self._points, []
         tensors = [t for p in points for t in (p.norms, p.grads) if t is not None]
         device = tensors[0].device
-        flat = torch.cat([t.to(device) for t in tensors]).tolist()  # the batch's one sync
-        values: list[tuple[list[float], list[float] | None]] = []
+        flat = torch.cat([t.to(device) for t in tensors]).tolist()
+        readings: list[Reading] = []
         at = 0
         for p in points:
             norms = flat[at:at + p.norms.numel()]
@@ -420,105 +374,15 @@ class UpdateContractCheck(TriageCallback):
             if p.grads is not None:
                 grads = flat[at:at + p.grads.numel()]
                 at += p.grads.numel()
-            values.append((norms, grads))
-        self._zeroing_events(points, values)
-        self._stepping_events(trainer, pl_module, points, values)
-        self._change_events(points, values)
-        self._last_end = values[-1][0]
-
-    def _zeroing_events(self, points: list[_Point],
-                        values: list[tuple[list[float], list[float] | None]]) -> None:
-        for p, (_, grads) in zip(points, values, strict=True):
-            if grads is None:
-                continue
-            if p.kind == "backward":
-                for dirty in self._dirty:
-                    dirty.difference_update({i for i in dirty if grads[i] == 0.0})
-            elif p.kind == "pre" and p.opt is not None:
-                stale = [i for i in self._dirty[p.opt] if grads[i] != 0.0]
-                self._dirty[p.opt] = set(self._opt_params[p.opt])
-                if p.opt in self._after_val:
-                    self._after_val.discard(p.opt)
-                    continue
-                steps, clean, names = self._zeroing[p.opt]
-                steps.append(p.step)
-                clean.append(not stale)
-                if stale and not names:
-                    names.extend(self._names[i] for i in sorted(stale))
-
-    def _stepping_events(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                         points: list[_Point],
-                         values: list[tuple[list[float], list[float] | None]]) -> None:
-        pres = [k for k, p in enumerate(points) if p.kind == "pre"]
-        for k in pres:
-            opt = points[k].opt
-            assert opt is not None
-            before, grads = values[k]
-            after = next(v[0] for v in values[k + 1:] if v[0])  # the end has norms
-            mine = self._opt_params[opt]
-            g = [grads[i] for i in mine] if grads is not None else []
-            state: GradState = "nonfinite" if any(not math.isfinite(x) for x in g) else \
-                "ok" if any(x > 0 for x in g) else "none"
-            moved = any(_differs(before[i], after[i]) for i in mine)
-            self._records[opt].append(StepRecord(points[k].step, True, state, moved,
-                                                 points[k].lr))
-        if not pres and pl_module.automatic_optimization and self._opt_params \
+            readings.append(Reading(p.kind, p.opt, p.step, norms, grads, p.lr, p.renewed))
+        counted = None
+        if pl_module.automatic_optimization and trainer.optimizers \
                 and trainer.global_step > self._step_at_start:
-            before, after = values[0][0], values[-1][0]
-            moved = any(_differs(before[i], after[i]) for i in self._opt_params[0])
-            lr = max((float(g["lr"]) for g in trainer.optimizers[0].param_groups), default=0.0)
-            self._records[0].append(StepRecord(self._step_at_start, False, "ok", moved, lr))
-        for opt, records in enumerate(self._records):
-            if opt not in self._stalled and len(records) >= STALLED_STEPS \
-                    and all(r.stalled for r in records[-STALLED_STEPS:]):
-                verdict = stepping_verdict(self._opt_names[opt], records)
-                if verdict is not None:
-                    self._stalled.add(opt)
-                    self.add_verdict(trainer, verdict)
-
-    def _phase(self, prev: _Point | None, point: _Point) -> str:
-        if prev is None:
-            return "between batches"
-        if prev.kind == "start":
-            return FORWARD
-        if prev.kind == "backward":
-            return "between the backward and the optimizer step" if point.kind == "pre" \
-                else "after the backward"
-        name = self._opt_names[prev.opt] if prev.opt is not None else "?"
-        return f"during the step of {name}" if prev.kind == "pre" else f"after the step of {name}"
-
-    def _change_events(self, points: list[_Point],
-                       values: list[tuple[list[float], list[float] | None]]) -> None:
-        pairs: list[tuple[_Point | None, list[float], _Point, list[float]]] = []
-        if self._last_end is not None:
-            pairs.append((None, self._last_end, points[0], values[0][0]))
-        last: tuple[_Point, list[float]] | None = None
-        for p, (norms, _) in zip(points, values, strict=True):
-            if not norms:  # a later backward of the batch: gradients only
-                continue
-            if last is not None:
-                pairs.append((last[0], last[1], p, norms))
-            last = (p, norms)
-        for prev, before, point, after in pairs:
-            phase = self._phase(prev, point)
-            allowed = set(self._opt_params[prev.opt]) if prev is not None \
-                and prev.kind == "pre" and prev.opt is not None else set()
-            self._seen[phase] = self._seen.get(phase, 0) + 1
-            expected = self._renormed if phase == FORWARD else set()
-            changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True))
-                       if _differs(a, b) and i not in expected]
-            frozen = [i for i in changed if i in self._frozen]
-            outside = [i for i in changed if i not in self._frozen and i not in allowed]
-            for group, into in ((frozen, self._frozen_changes), (outside, self._changes)):
-                if group:
-                    into.append(self._change(point.step, phase, group, before, after))
-
-    def _change(self, step: int, phase: str, idx: list[int], before: list[float],
-                after: list[float]) -> Change:
-        rel = max(abs(after[i] - before[i]) / max(abs(before[i]), 1e-12) for i in idx)
-        toward = sum(abs(after[i] - self._init[i]) for i in idx) < \
-            0.5 * sum(abs(before[i] - self._init[i]) for i in idx)
-        return Change(step, phase, tuple(self._names[i] for i in idx), rel, toward)
+            counted = max((float(g["lr"]) for g in trainer.optimizers[0].param_groups),
+                          default=0.0)
+        assert self._ledger is not None
+        self.add_verdicts(trainer, self._ledger.close_batch(
+            readings, start_step=self._step_at_start, counted_lr=counted))
 
     # ------------------------------------------------------------------ decisions
     def _decide_running_stats(self, trainer: pl.Trainer) -> None:
@@ -530,7 +394,7 @@ class UpdateContractCheck(TriageCallback):
             m = modules.get(name)
             if m is None:
                 continue
-            now = self._running_norms(m)
+            now = running_norms(m)
             change = (now - start).abs().max().item()
             if change > 0:
                 moved[name] = change
@@ -542,15 +406,10 @@ class UpdateContractCheck(TriageCallback):
     def _finish(self, trainer: pl.Trainer) -> None:
         if self._batches < RUNNING_STATS_BATCHES:
             self._decide_running_stats(trainer)
-        for opt, (steps, clean, stale) in enumerate(self._zeroing):
-            universe = {self._names[i]: self._sizes[self._names[i]] for i in self._opt_params[opt]}
-            self.add_verdicts(trainer, zeroing_verdict(self._opt_names[opt], steps, clean,
-                                                       stale, universe))
-        trainable = {n: s for i, (n, s) in enumerate(self._sizes.items()) if i not in self._frozen}
-        self.add_verdicts(trainer, outside_change_verdicts(self._changes, self._seen, trainable))
-        self.add_verdicts(trainer, frozen_change_verdict(self._frozen_changes, self._sizes,
-                                                         self._seen, self._pinned))
-        n_steps = sum(len(r) for r in self._records)
+        n_steps = 0
+        if self._ledger is not None:
+            self.add_verdicts(trainer, self._ledger.finish())
+            n_steps = self._ledger.steps
         batches = self._batches
         self.remove_handles()
         self._reset()

@@ -17,7 +17,13 @@ from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, locate_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
 from lightning_triage.functional.hooks import HeadCapture
-from lightning_triage.functional.worst import MAX_THUMBNAIL_SIDE, WorstBuffer, example_losses, thumbnail
+from lightning_triage.functional.worst import (
+    MAX_THUMBNAIL_SIDE,
+    WorstBuffer,
+    example_losses,
+    thumbnail,
+    worst_errors_verdict,
+)
 
 #: Batch keys holding each example's index in its dataset.
 INDEX_KEYS = ("index", "idx", "indices", "dataset_index", "sample_index", "example_index")
@@ -209,21 +215,9 @@ class WorstErrors(TriageCallback):
         if not rows:
             return
         self.findings = [f for f in self.findings if f.code != "data.worst_errors"]
-        wrong = sum(1 for r in rows if r["prediction"] != r["label"])
-        confident = sum(1 for r in rows if r["prediction"] != r["label"] and r["confidence"] > 0.9)
-        ids = [r["dataset_index"] if r["dataset_index"] is not None
-               else f"batch {r['batch_idx']} row {r['position']}" for r in rows[:8]]
-        shown = ", ".join(str(i) for i in ids) + (f" and {len(rows) - 8} more" if len(rows) > 8 else "")
-        self.add_finding(
-            trainer, "data.worst_errors",
-            f"The {len(rows)} validation examples with the highest loss (of {self.buffer.seen} "
-            f"seen at step {trainer.global_step}): loss {rows[0]['loss']:.3g} down to "
-            f"{rows[-1]['loss']:.3g}; {wrong} predicted as another class than their label, "
-            f"{confident} of them with confidence above 0.9. The examples: {shown}.",
-            evidence={"k": self.k, "seen": self.buffer.seen, "wrong": wrong,
-                      "confident_wrong": confident, "examples": rows,
-                      "thumbnail_layout": "C x h x w uint8" if rows[0]["thumbnail"] else None},
-        )
+        verdict = worst_errors_verdict(rows, self.buffer.seen, trainer.global_step, self.k)
+        self.add_verdict(trainer, verdict)
+        wrong = verdict.evidence["wrong"]
         self.mark_ran(f"{len(rows)} worst of {self.buffer.seen} validation examples at step "
                       f"{trainer.global_step}; {wrong} misclassified")
 

@@ -1,13 +1,13 @@
 """The one result type of the functional core: a :class:`Verdict` is what a rule decided.
 
-The rules of the data, init (the chance level), overfit, structure, mode, curve, grad and
-numerics stages return verdicts (e.g. ``functional.mode.train_mode_in_eval``); the callbacks
-collect the inputs, call the rules and forward each verdict to the report as a
-:class:`~lightning_triage.findings.Finding` (``TriageCallback.add_verdict``), adding what only
-the run knows (epoch, rank, the check's name). The wiring check, the step-0 comparison and the
-worst validation examples still build their findings in their callbacks. A verdict's message
-carries the numbers of this run; the advice (what to do) lives in the finding registry's
-``hint``, so the report never prints it twice.
+The rules of every stage return verdicts (e.g. ``functional.mode.train_mode_in_eval``,
+``functional.init_verdicts.initial_loss_verdict``, ``functional.wiring_verdicts``, the update
+contracts' ledger ``functional.update_ledger.UpdateLedger``, ``functional.curve_verdicts``,
+``functional.worst.worst_errors_verdict``); the callbacks collect the inputs, call the rules and
+forward each verdict to the report as a :class:`~lightning_triage.findings.Finding`
+(``TriageCallback.add_verdict``), adding what only the run knows (epoch, rank, the check's
+name). A verdict's message carries the numbers of this run; the advice (what to do) lives in the
+finding registry's ``hint``, so the report never prints it twice.
 """
 
 from __future__ import annotations

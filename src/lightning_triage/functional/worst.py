@@ -18,13 +18,15 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from lightning_triage.functional.verdict import Verdict
 
 #: Largest side of a thumbnail kept for the report (pixels).
 MAX_THUMBNAIL_SIDE = 32
@@ -226,4 +228,39 @@ class WorstBuffer:
         self._columns, self._thumbs = None, None
 
 
-__all__ = ["MAX_THUMBNAIL_SIDE", "ScoredExamples", "WorstBuffer", "example_losses", "thumbnail"]
+def worst_errors_verdict(rows: Sequence[Mapping[str, Any]], seen: int, step: int | None,
+                         k: int) -> Verdict:
+    """``data.worst_errors`` (info): the validation examples with the highest loss.
+
+    Args:
+        rows: the worst examples, highest loss first (:meth:`WorstBuffer.rows`).
+        seen: the validation examples seen.
+        step: the global step of the validation run.
+        k: how many examples were kept.
+
+    Example:
+        >>> row = {"loss": 4.5, "prediction": 5, "label": 9, "confidence": 0.95,
+        ...        "dataset_index": 229, "batch_idx": 0, "position": 229, "thumbnail": None}
+        >>> worst_errors_verdict([row], 359, 90, 20).message
+        'The 1 validation examples with the highest loss (of 359 seen at step 90): loss 4.5 down \
+to 4.5; 1 predicted as another class than their label, 1 of them with confidence above 0.9. The \
+examples: 229.'
+    """
+    wrong = sum(1 for r in rows if r["prediction"] != r["label"])
+    confident = sum(1 for r in rows if r["prediction"] != r["label"] and r["confidence"] > 0.9)
+    ids = [r["dataset_index"] if r["dataset_index"] is not None
+           else f"batch {r['batch_idx']} row {r['position']}" for r in rows[:8]]
+    shown = ", ".join(str(i) for i in ids) + (f" and {len(rows) - 8} more" if len(rows) > 8 else "")
+    return Verdict(
+        "data.worst_errors", step,
+        f"The {len(rows)} validation examples with the highest loss (of {seen} seen at step "
+        f"{step}): loss {rows[0]['loss']:.3g} down to {rows[-1]['loss']:.3g}; {wrong} predicted "
+        f"as another class than their label, {confident} of them with confidence above 0.9. The "
+        f"examples: {shown}.",
+        evidence={"k": k, "seen": seen, "wrong": wrong, "confident_wrong": confident,
+                  "examples": list(rows),
+                  "thumbnail_layout": "C x h x w uint8" if rows[0]["thumbnail"] else None})
+
+
+__all__ = ["MAX_THUMBNAIL_SIDE", "ScoredExamples", "WorstBuffer", "example_losses", "thumbnail",
+           "worst_errors_verdict"]
