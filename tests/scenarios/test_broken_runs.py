@@ -24,10 +24,10 @@ from lightning_triage.demo.broken import BROKEN_RUNS, LEAD_RUNS, Scenario, broke
 from lightning_triage.findings import CODES
 
 
-def fit(scenario: Scenario, root: Path) -> dict[str, Any]:
+def fit(scenario: Scenario, root: Path, seed: int = 0) -> dict[str, Any]:
     """The scenario's report after a seeded fit (a long overfit-probe budget: a loaded machine
     must not skip the probe, as in `test_leads.py`)."""
-    pl.seed_everything(0, verbose=False)
+    pl.seed_everything(seed, verbose=False)
     model, train, val = scenario.build()
     triage = Triage(report_dir=root, verbose=False,
                     **{"overfit_time_budget": 120.0, **scenario.triage_kwargs})
@@ -92,3 +92,20 @@ def test_broken_run_reports_its_code_and_its_fixed_twin_does_not(tmp_path: Path,
         assert loud == [] and fixed["start_here"] is None, loud
     else:  # the registry says what stays: a flag gone stale fails here
         assert loud, fixed_codes
+
+
+#: Runs whose code rests on the trajectory of a free-running fit (a spike, a gap that grows,
+#: the clipping seen over 90 steps), checked on more seeds (the demo's runs: `test_demo.py`).
+TRAJECTORY = [broken_run(name) for name in ("lr-3", "wide-mlp-64-examples", "stale-batchnorm",
+                                            "clip-1e-4", "shuffled-labels", "dead-relu")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("scenario", TRAJECTORY, ids=[s.name for s in TRAJECTORY])
+def test_trajectory_runs_hold_on_other_seeds(tmp_path: Path, scenario: Scenario,
+                                             seed: int) -> None:
+    broken = fit(scenario, tmp_path / "broken", seed)
+    assert scenario.expect in [f["code"] for f in broken["findings"]], broken["start_here"]
+    fixed = fit(scenario.twin(), tmp_path / "fixed", seed)
+    assert scenario.expect not in [f["code"] for f in fixed["findings"]]
