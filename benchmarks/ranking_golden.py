@@ -16,6 +16,7 @@ Usage (from the repository root; real ``Trainer.fit`` runs, a few minutes on two
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -29,11 +30,11 @@ from rich.console import Console
 from lightning_triage import Triage
 from lightning_triage.callbacks.report import collect_checks
 from lightning_triage.demo import SCENARIOS, Scenario, run_scenario
+from lightning_triage.demo.broken import LEAD_RUNS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the tests' scenarios
 
-from tests.scenarios.causes import CAUSE_SCENARIOS  # noqa: E402
 from tests.scenarios.healthy import HEALTHY  # noqa: E402
 
 RECORD = ROOT / "tests" / "golden" / "ranking_scenarios.json"
@@ -56,9 +57,8 @@ def _raw(trainer: pl.Trainer) -> list[dict[str, Any]]:
 
 def _demo(scenario: Scenario, root: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     # a long probe budget, as the lead tests: a loaded machine must not skip the probe
-    slow_ok = Scenario(scenario.name, scenario.story, scenario.expect, scenario.build,
-                       scenario.max_epochs, scenario.trainer_kwargs,
-                       {"overfit_time_budget": 120.0, **scenario.triage_kwargs})
+    slow_ok = dataclasses.replace(
+        scenario, triage_kwargs={"overfit_time_budget": 120.0, **scenario.triage_kwargs})
     seen: list[pl.Trainer] = []
     original = pl.Trainer.fit
 
@@ -90,7 +90,7 @@ def run_all(only: Sequence[str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         jobs: list[tuple[str, Callable[[Path], Any]]] = [
-            *((s.name, lambda root, s=s: _demo(s, root)) for s in (*SCENARIOS, *CAUSE_SCENARIOS)),
+            *((s.name, lambda root, s=s: _demo(s, root)) for s in (*SCENARIOS, *LEAD_RUNS)),
             *((f"healthy/{name}", lambda root, b=b: _healthy(b, root))
               for name, b in HEALTHY.items())]
         for name, job in jobs:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -381,22 +382,27 @@ def test_make_demo_writes_where_the_samples_say() -> None:
 
 
 def test_gallery_only_reruns_the_entry_of_the_code_asked_for() -> None:
-    """`make_gallery.py --only CODE` reruns the scenario the code's entry names; for a new code,
-    only the scenarios no entry names yet (the one added for it)."""
+    """`make_gallery.py --only CODE` reruns the run the code's entry names; for a new code,
+    only the runs no entry names yet (the one added for it to the registry of broken runs)."""
+    pytest.importorskip("sklearn")  # the registry's runs
     make = _load("make_gallery")
     entries = make.read_entries((DOCS / "gallery.md").read_text())
     code = "init.loss_above_chance"
-    story = make._named_story(entries[code], [s[0] for s in make.SCENARIOS])
-    assert [s[0] for s in make.scenarios_for([code], entries)] == [story]
-    fresh = ("a story no entry names", None, {})
-    scenarios = make.SCENARIOS
+    story = make._named_story(entries[code], [s.story for s in make.RUNS])
+    assert [s.story for s in make.scenarios_for([code], entries)] == [story]
+    fresh = dataclasses.replace(make.RUNS[0], name="fresh", story="a story no entry names")
+    runs = make.RUNS
     try:
-        make.SCENARIOS = [*scenarios, fresh]
+        make.RUNS = [*runs, fresh]
         new = {c: e for c, e in entries.items() if c != "init.chance_unknown"}  # as if new
-        chosen = [s[0] for s in make.scenarios_for(["init.chance_unknown"], new)]
+        chosen = [s.story for s in make.scenarios_for(["init.chance_unknown"], new)]
     finally:
-        make.SCENARIOS = scenarios
-    assert fresh[0] in chosen and len(chosen) < len(scenarios) // 4
+        make.RUNS = runs
+    assert fresh.story in chosen and len(chosen) < len(runs) // 4
+    # the gallery writes what the registry holds: its runs are the registry's, after a healthy one
+    from lightning_triage.demo.broken import BROKEN_RUNS
+
+    assert runs[1:] == BROKEN_RUNS and runs[0].expect is None
 
 
 def test_each_check_docstring_lists_its_codes() -> None:

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_triage import InitialLossCheck
+from lightning_triage.demo.broken import broken_run
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
 from tests.helpers import loader, make_trainer, stage_codes
 
@@ -36,8 +37,8 @@ def test_healthy_digits_mlp_is_silent(tmp_path: Path) -> None:
 
 
 def test_scaled_logits_are_caught(tmp_path: Path) -> None:
-    train, _ = digits_loaders()
-    check = fit_check(tmp_path, DigitsMLP(logit_scale=100.0), train)
+    model, train, _ = broken_run("scaled-logits").build()  # the registry's broken run
+    check = fit_check(tmp_path, model, train)
     [finding] = check.findings
     assert finding.code == "init.loss_above_chance"
     assert finding.global_step == 0
@@ -47,15 +48,10 @@ def test_scaled_logits_are_caught(tmp_path: Path) -> None:
     assert "ln(10) = 2.303" in finding.message
 
 
-class LossDividedTwice(DigitsMLP):
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        x, y = batch
-        return F.cross_entropy(self(x), y) / x.shape[0]  # mean already divides by N
-
-
 def test_loss_scaled_down_is_caught(tmp_path: Path) -> None:
-    train, _ = digits_loaders()
-    check = fit_check(tmp_path, LossDividedTwice(), train)
+    # the registry's broken run: the mean loss divided by the batch size again
+    model, train, _ = broken_run("loss-divided-twice").build()
+    check = fit_check(tmp_path, model, train)
     assert [f.code for f in check.findings] == ["init.loss_below_chance"]
     assert check.findings[0].evidence["ratio"] < 0.1
 

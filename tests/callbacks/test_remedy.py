@@ -17,10 +17,10 @@ from typing_extensions import override
 from lightning_triage import Triage
 from lightning_triage.callbacks._remedy import unavailable
 from lightning_triage.demo import SCENARIOS, Scenario
+from lightning_triage.demo.broken import LEAD_RUNS
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
-from tests.scenarios.causes import CAUSE_SCENARIOS
 
-BY_NAME = {s.name: s for s in (*SCENARIOS, *CAUSE_SCENARIOS)}
+BY_NAME = {s.name: s for s in (*SCENARIOS, *LEAD_RUNS)}
 
 
 def fit(build: Any, tmp_path: Path, seed: int, max_epochs: int = 2, logger: Any = False,

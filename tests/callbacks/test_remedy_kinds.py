@@ -123,13 +123,13 @@ def test_exploding_gradients_are_tamed_by_a_lower_lr_and_a_clip(tmp_path: Path,
     """The digits MLP at lr 50 watched by the gradient monitor alone: `grad.exploding` leads;
     the trial divides the learning rate and clips at the median norm the as-is replay saw."""
     pl.seed_everything(seed, verbose=False)
-    train, val = digits_loaders()
+    model, train, val = BY_NAME["lr-50"].build()  # the registry's broken run
     report_cb = TriageReport(report_dir=tmp_path, verbose=False)
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=30, callbacks=[GradientMonitor(),
                          report_cb], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=tmp_path)
-    trainer.fit(DigitsMLP(lr=50.0), train, val)
+    trainer.fit(model, train, val)
     report = report_cb.report
     assert report is not None
     lead = lead_of(report)

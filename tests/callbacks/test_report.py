@@ -13,6 +13,7 @@ from torch import Tensor
 
 from lightning_triage import InitialLossCheck, Triage, TriageReport
 from lightning_triage.callbacks.base import TriageCallback, guarded
+from lightning_triage.demo.broken import broken_run
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
 from lightning_triage.report import REPORT_SCHEMA, load_report
 from tests.helpers import WATCHES, assert_ran_and_passed, codes, make_trainer
@@ -26,9 +27,9 @@ def read_report(directory: Path) -> dict[str, Any]:
 
 
 def test_report_is_written_and_valid(tmp_path: Path) -> None:
-    train, val = digits_loaders()
+    model, train, val = broken_run("scaled-logits").build()  # the registry's broken run
     trainer = make_trainer(tmp_path, [Triage(strict=True, report_dir=tmp_path / "triage")])
-    trainer.fit(DigitsMLP(logit_scale=100.0), train, val)
+    trainer.fit(model, train, val)
     report = read_report(tmp_path / "triage")
     assert report["schema"] == "lightning-triage/report/1"
     assert report["status"] == "completed"
@@ -173,9 +174,9 @@ def test_resume_from_checkpoint_keeps_the_findings(tmp_path: Path) -> None:
 
 
 def test_callbacks_pickle_after_fit(tmp_path: Path) -> None:
-    train, _ = digits_loaders()
+    model, train, _ = broken_run("scaled-logits").build()
     triage = Triage(strict=True, verbose=False)
-    make_trainer(tmp_path, [triage]).fit(DigitsMLP(logit_scale=100.0), train)
+    make_trainer(tmp_path, [triage]).fit(model, train)
     clone = pickle.loads(pickle.dumps(triage))
     assert clone.check("InitialLossCheck").findings == triage.check("InitialLossCheck").findings
     state = triage.state_dict()
@@ -185,10 +186,10 @@ def test_callbacks_pickle_after_fit(tmp_path: Path) -> None:
 
 
 def test_standalone_checks_and_report(tmp_path: Path) -> None:
-    train, _ = digits_loaders()
+    model, train, _ = broken_run("scaled-logits").build()
     check = InitialLossCheck(strict=True)
     trainer = make_trainer(tmp_path, [TriageReport(verbose=False), check])
-    trainer.fit(DigitsMLP(logit_scale=100.0), train)
+    trainer.fit(model, train)
     assert codes(read_report(tmp_path)) == {"init.loss_above_chance"}
 
 

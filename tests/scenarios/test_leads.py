@@ -1,8 +1,9 @@
 """The report leads with the cause over the whole scenario suite: the demo's scenarios and the
-cause-before-symptom scenarios of issue 14 (real `Trainer.fit` runs)."""
+cause-before-symptom runs of issue 14, the registry's lead runs (real `Trainer.fit` runs)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from rich.console import Console
 
 from lightning_triage.callbacks import CHECKS, TriageReport
 from lightning_triage.demo import SCENARIOS, Scenario, run_scenario
-from tests.scenarios.causes import CAUSE_SCENARIOS
+from lightning_triage.demo.broken import LEAD_RUNS
 
 #: The lead each scenario's report must start with (``None``: a healthy run, nothing to fix).
 EXPECTED_LEAD = {
@@ -41,19 +42,18 @@ SYMPTOMS = {"overfit.failed", "curve.not_learning", "curve.loss_spike", "grad.ex
 
 
 def test_every_scenario_has_an_expected_lead() -> None:
-    names = [s.name for s in (*SCENARIOS, *CAUSE_SCENARIOS)]
+    names = [s.name for s in (*SCENARIOS, *LEAD_RUNS)]
     assert sorted(names) == sorted(EXPECTED_LEAD)
-    for scenario in (*SCENARIOS, *CAUSE_SCENARIOS):
+    for scenario in (*SCENARIOS, *LEAD_RUNS):
         assert EXPECTED_LEAD[scenario.name] == scenario.expect, scenario.name
 
 
-@pytest.mark.parametrize("scenario", CAUSE_SCENARIOS, ids=[s.name for s in CAUSE_SCENARIOS])
+@pytest.mark.parametrize("scenario", LEAD_RUNS, ids=[s.name for s in LEAD_RUNS])
 def test_report_leads_with_the_cause_and_explains_the_symptom(tmp_path: Path,
                                                               scenario: Scenario) -> None:
     # a long probe budget: a loaded machine must not skip the probe whose failure is explained
-    slow_ok = Scenario(scenario.name, scenario.story, scenario.expect, scenario.build,
-                       scenario.max_epochs, scenario.trainer_kwargs,
-                       {"overfit_time_budget": 120.0, **scenario.triage_kwargs})
+    slow_ok = dataclasses.replace(
+        scenario, triage_kwargs={"overfit_time_budget": 120.0, **scenario.triage_kwargs})
     report = run_scenario(slow_ok, tmp_path, Console(quiet=True))
     assert report is not None
     codes = [(f["code"], f["explained_by"]) for f in report["findings"]]

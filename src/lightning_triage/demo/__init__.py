@@ -9,8 +9,7 @@ import shlex
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +18,12 @@ from rich.console import Console
 from rich.table import Table
 
 from lightning_triage.callbacks.triage import Triage
+from lightning_triage.demo.broken import broken_run
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
-from lightning_triage.demo.numerics import log_softmax_scenario
-from lightning_triage.demo.sequences import TinyLM, random_token_loaders
-from lightning_triage.demo.wiring import DetachedEncoderMLP
+from lightning_triage.demo.scenario import Builder, Scenario
 
 
-@dataclass(frozen=True)
-class Scenario:
-    """One demo run: a model and its loaders, what is wrong with it, and the finding code it
-    demonstrates (``None`` for a healthy run, which must have no "start here")."""
-
-    name: str
-    story: str
-    expect: str | None
-    build: Callable[[], tuple[pl.LightningModule, Any, Any]]
-    max_epochs: int = 2
-    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
-    triage_kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-def _digits(**model_kwargs: Any) -> Callable[[], tuple[pl.LightningModule, Any, Any]]:
+def _digits(**model_kwargs: Any) -> Builder:
     def build() -> tuple[pl.LightningModule, Any, Any]:
         train, val = digits_loaders()
         return DigitsMLP(**model_kwargs), train, val
@@ -47,42 +31,14 @@ def _digits(**model_kwargs: Any) -> Callable[[], tuple[pl.LightningModule, Any, 
     return build
 
 
-def _raw_digits(**model_kwargs: Any) -> Callable[[], tuple[pl.LightningModule, Any, Any]]:
-    def build() -> tuple[pl.LightningModule, Any, Any]:
-        train, val = digits_loaders(standardize=False)
-        return DigitsMLP(**model_kwargs), train, val
-
-    return build
-
-
-def _detached_encoder() -> tuple[pl.LightningModule, Any, Any]:
-    train, val = digits_loaders()
-    return DetachedEncoderMLP(lr=0.1), train, val
-
-
-def _future_mask_lm() -> tuple[pl.LightningModule, Any, Any]:
-    train, val = random_token_loaders()
-    return TinyLM(mask="future"), train, val
-
+#: The broken runs of the registry (:data:`~lightning_triage.demo.broken.BROKEN_RUNS`) that the
+#: demo shows, between its two healthy runs.
+DEMO_RUNS = ("raw-pixels", "scaled-logits", "detached-encoder", "future-mask-lm", "lr-50",
+             "log-softmax-loss")
 
 SCENARIOS: list[Scenario] = [
     Scenario("healthy", "standardized digits, 64-32-10 MLP, SGD lr 0.1", None, _digits(lr=0.1)),
-    Scenario("raw-pixels", "digits left as raw 0-16 pixels (not standardized), SGD lr 0.5",
-             "data.unnormalized_input", _raw_digits(lr=0.5)),
-    Scenario("scaled-logits", "the healthy MLP with its logits multiplied by 100",
-             "init.loss_above_chance", _digits(lr=0.1, logit_scale=100.0)),
-    Scenario("detached-encoder", "the MLP's encoder output is `.detach()`ed: only the head "
-             "trains, on random features", "wiring.no_grad_params", _detached_encoder),
-    Scenario("future-mask-lm", "a 1-layer transformer LM on pure random tokens whose attention "
-             "mask shows the future (no `causal` argument: the next-token data says it must be "
-             "causal); its loss falls far below ln 16 = 2.77", "structure.causal_leak",
-             _future_mask_lm),
-    Scenario("lr-50", "the healthy MLP trained with SGD at lr 50 (the loss overflows in a few "
-             "steps; the overfit probe, run at the same lr, fails first)", "curve.diverging",
-             _digits(lr=50.0)),
-    Scenario("log-softmax-loss", "the MLP trained with a hand-written `-log(softmax(z))` loss, "
-             "SGD lr 2.0: the logits spread (a loss spike) until the softmax underflows to 0",
-             "numerics.nonfinite_loss", log_softmax_scenario, max_epochs=3),
+    *(broken_run(name) for name in DEMO_RUNS),
     Scenario("lr-good", "the MLP at a good learning rate (Adam, lr 3e-3)", None,
              _digits(lr=3e-3, optimizer="adam")),
 ]

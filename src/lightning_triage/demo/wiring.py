@@ -17,13 +17,16 @@ class DetachedEncoderMLP(DigitsMLP):
     Args:
         lr: learning rate (SGD).
         hidden: encoder width.
+        detach: detach the encoder's output (the bug); ``False`` is its fixed twin.
     """
 
-    def __init__(self, lr: float = 0.1, hidden: int = 32) -> None:
+    def __init__(self, lr: float = 0.1, hidden: int = 32, detach: bool = True) -> None:
         super().__init__(lr=lr, hidden=hidden)
         del self.net
+        self.detach = detach
         self.encoder = nn.Sequential(nn.Linear(64, hidden), nn.ReLU())
         self.head = nn.Linear(hidden, 10)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.encoder(x).detach())
+        h = self.encoder(x)
+        return self.head(h.detach() if self.detach else h)

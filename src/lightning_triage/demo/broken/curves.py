@@ -1,0 +1,70 @@
+"""Broken runs of stages 6 and 7, the loss curve and the gradients: learning rates far off,
+units that never fire, gradients that die out or are clipped away, a model that memorizes."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_triage.demo.broken.common import HEALTHY, Loaders, fit, mlp
+from lightning_triage.demo.broken.numerics import SeqDigits
+from lightning_triage.demo.digits import DigitsMLP, digits_loaders, load_digits_tensors
+from lightning_triage.demo.scenario import Scenario
+
+
+class DeadReluMLP(DigitsMLP):
+    """Hidden biases start at -20: most ReLUs never fire."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        nn.init.constant_(cast(nn.Linear, self.net[0]).bias, -20.0)
+
+
+class WideMLP(DigitsMLP):
+    """A 256-unit MLP trained with Adam."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(hidden=256, optimizer="adam", **kwargs)
+
+
+def small_loaders(n: int = 64) -> Loaders:
+    """``n`` training examples (64: two batches), the whole validation set."""
+    x, y, xv, yv = load_digits_tensors()
+    train = DataLoader(TensorDataset(x[:n], y[:n]), batch_size=32, shuffle=True,
+                       generator=torch.Generator().manual_seed(0))
+    return train, DataLoader(TensorDataset(xv, yv), batch_size=256)
+
+
+def deep_sigmoid(activation: type[nn.Module] = nn.Sigmoid) -> Any:
+    """Twelve linear layers with ``activation`` between them, SGD lr 0.1."""
+    train, val = digits_loaders()
+    layers: list[nn.Module] = [nn.Linear(64, 32), activation()]
+    for _ in range(10):
+        layers += [nn.Linear(32, 32), activation()]
+    net = nn.Sequential(*layers, nn.Linear(32, 10))
+    return SeqDigits(net, lr=0.1), train, val
+
+
+CURVE_RUNS: list[Scenario] = [
+    Scenario("lr-50", "SGD at learning rate 50", "curve.diverging", fit(mlp(50.0)),
+             fixed=HEALTHY),
+    Scenario("dead-relu", "hidden biases initialized at -20 (dead ReLUs)", "grad.dead_units",
+             fit(lambda: DeadReluMLP(lr=0.1)), fixed=HEALTHY),
+    Scenario("lr-3", "SGD at learning rate 3", "curve.loss_spike", fit(mlp(3.0)), fixed=HEALTHY),
+    Scenario("clip-1e-4", "`gradient_clip_val=1e-4` with SGD (gradient norms about 1)",
+             "grad.clipping_eats_update", fit(mlp()), trainer_kwargs={"gradient_clip_val": 1e-4},
+             fixed_trainer_kwargs={"gradient_clip_val": None}),
+    # the fix is more data: ten times as much (320 examples still overfit on some seeds)
+    Scenario("wide-mlp-64-examples", "256-unit MLP, Adam, 64 training examples, 30 epochs",
+             "curve.overfitting", fit(lambda: WideMLP(lr=1e-2), small_loaders), max_epochs=30,
+             fixed=fit(lambda: WideMLP(lr=1e-2), lambda: small_loaders(640))),
+    # issue 14's causes: the report leads with them and the probe's failure names them
+    Scenario("lr-1e-5", "SGD at learning rate 1e-5", "curve.lr_too_low", fit(mlp(1e-5)),
+             fixed=HEALTHY, lead=True),
+    Scenario("deep-sigmoid", "twelve layers with sigmoids between them, SGD lr 0.1",
+             "grad.vanishing", deep_sigmoid, fixed=lambda: deep_sigmoid(nn.ReLU), lead=True,
+             full_fix=False),  # twelve ReLU layers do not learn in 2 epochs at SGD lr 0.1
+]

@@ -1,0 +1,150 @@
+"""Broken runs of stage 4, the structure: examples that see each other, targets that leak into
+the inputs, shapes that broadcast, attention that shows the future."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_triage.demo.broken.common import HEALTHY, Loaders, fit
+from lightning_triage.demo.digits import DigitsMLP
+from lightning_triage.demo.scenario import Scenario
+from lightning_triage.demo.sequences import TinyLM, random_token_loaders
+
+
+class BatchMeanMLP(DigitsMLP):
+    """Subtracts the batch mean from the logits: every output depends on the whole batch."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = self.net(x)
+        return z - z.mean(dim=0, keepdim=True)
+
+
+class TargetInInputMLP(DigitsMLP):
+    """``training_step`` feeds the labels into the model."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        x = x.clone()
+        x[:, 0] = y.float()
+        return F.cross_entropy(self(x), y)
+
+
+class ShapeMismatchRegressor(DigitsMLP):
+    """Regresses the digit value with MSE between a ``(N, 1)`` prediction and ``(N,)`` targets
+    (``squeeze``: the prediction squeezed to ``(N,)``, the fix)."""
+
+    def __init__(self, squeeze: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.squeeze = squeeze
+        self.net[2] = nn.Linear(32, 1)
+
+    def _loss(self, batch: Any) -> Tensor:
+        x, y = batch
+        pred = self(x)
+        return F.mse_loss(pred.squeeze(1) if self.squeeze else pred, y.float())
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return self._loss(batch)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", self._loss(batch))
+
+
+def unshifted_token_loaders() -> Loaders:
+    """Token data whose targets are the inputs, for a model that does not shift."""
+    train, val = random_token_loaders()
+    x, xv = train.dataset.tensors[0], val.dataset.tensors[0]  # type: ignore[attr-defined]
+    return (DataLoader(TensorDataset(x, x.clone()), batch_size=32),
+            DataLoader(TensorDataset(xv, xv.clone()), batch_size=32))
+
+
+class BatchSoftmaxMLP(DigitsMLP):
+    """Log-softmax over dim 0 (the batch) instead of the classes, then `F.nll_loss`."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.nll_loss(torch.log_softmax(self(x), dim=0), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.nll_loss(torch.log_softmax(self(x), dim=0), y))
+
+
+class BroadcastRegressor(pl.LightningModule):
+    """A regression MLP whose `(N, 1)` prediction meets `(N,)` targets in `F.mse_loss`: the loss
+    broadcasts to `(N, N)` and every prediction is pulled to the batch mean (``squeeze``: the
+    prediction squeezed to `(N,)`, the fix)."""
+
+    def __init__(self, features: int, lr: float = 1e-2, squeeze: bool = False) -> None:
+        super().__init__()
+        self.lr, self.squeeze = lr, squeeze
+        self.net = nn.Sequential(nn.Linear(features, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        pred = self.net(x)
+        return pred.squeeze(1) if self.squeeze else pred
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.mse_loss(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self(x), y))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+@functools.lru_cache(maxsize=1)
+def _diabetes() -> tuple[Tensor, Tensor]:
+    from sklearn.datasets import load_diabetes
+
+    data = load_diabetes()
+    x = torch.tensor(data.data, dtype=torch.float32)
+    y = torch.tensor(data.target, dtype=torch.float32)
+    x = (x - x.mean(0)) / x.std(0)
+    return x, (y - y.mean()) / y.std()
+
+
+def mse_broadcast(squeeze: bool = False) -> tuple[pl.LightningModule, Any, Any]:
+    """:class:`BroadcastRegressor` on scikit-learn's diabetes data (360 train, 82 validation)."""
+    x, y = _diabetes()
+    gen = torch.Generator().manual_seed(0)
+    train = DataLoader(TensorDataset(x[:360], y[:360]), batch_size=32, shuffle=True, generator=gen)
+    val = DataLoader(TensorDataset(x[360:], y[360:]), batch_size=128)
+    return BroadcastRegressor(x.shape[1], squeeze=squeeze), train, val
+
+
+# The language models' twins are not full fixes: a causal LM cannot learn random tokens, and the
+# curve says so (curve.lr_too_low).
+STRUCTURE_RUNS: list[Scenario] = [
+    Scenario("batch-mean-logits", "logits minus their batch mean", "structure.batch_mixing",
+             fit(lambda: BatchMeanMLP(lr=0.1)), fixed=HEALTHY),
+    Scenario("target-in-input", "labels written into the first input feature",
+             "structure.target_leak", fit(lambda: TargetInInputMLP(lr=0.1)), fixed=HEALTHY),
+    Scenario("mse-shape-mismatch", "MSE between (N, 1) predictions and (N,) targets",
+             "structure.shape_mismatch", fit(lambda: ShapeMismatchRegressor(lr=0.01)),
+             triage_kwargs={"task": "regression"},
+             fixed=fit(lambda: ShapeMismatchRegressor(squeeze=True, lr=0.01))),
+    Scenario("future-mask-lm", "transformer LM whose attention mask shows the future",
+             "structure.causal_leak", fit(lambda: TinyLM(mask="future"), random_token_loaders),
+             fixed=fit(TinyLM, random_token_loaders), full_fix=False),
+    Scenario("unshifted-lm",
+             "a causal transformer LM trained with `labels = input_ids` and no shift",
+             "structure.label_misaligned", fit(TinyLM, unshifted_token_loaders),
+             fixed=fit(TinyLM, random_token_loaders), full_fix=False),
+    # issue 14's causes: the report leads with them and the probe's failure names them
+    Scenario("batch-softmax", "log-softmax over the batch axis", "structure.batch_mixing",
+             fit(lambda: BatchSoftmaxMLP(lr=0.1)), fixed=HEALTHY, lead=True),
+    Scenario("mse-broadcast", "MSE between `(N, 1)` predictions and `(N,)` targets (diabetes)",
+             "structure.shape_mismatch", mse_broadcast,
+             fixed=lambda: mse_broadcast(squeeze=True), lead=True),
+]
