@@ -5,8 +5,9 @@ second bug its story keeps, which the registry names). Lead runs (issue 14's cau
 report with their code (`test_leads.py` checks their symptoms' `explained_by`).
 
 Two economies keep the file near a minute on two cores: the broken fits of the lead runs and of
-the demo's runs are left to `test_leads.py` and `tests/demo/test_demo.py` (which assert that
-their report starts with the code, so reports it), and twins that are the same fit (most are the
+the demo's runs and of the runs whose learning-rate lead is refuted are left to `test_leads.py`,
+`tests/demo/test_demo.py` and `test_remedy_not_confirmed.py` (which assert that their report
+starts with the code, so reports it), and twins that are the same fit (most are the
 healthy digits MLP) are fitted once."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 
 from lightning_triage import Triage
 from lightning_triage.demo import DEMO_RUNS, SCENARIOS
-from lightning_triage.demo.broken import BROKEN_RUNS, LEAD_RUNS, Scenario, broken_run
+from lightning_triage.demo.broken import BROKEN_RUNS, LEAD_RUNS, REFUTED_LEAD_RUNS, Scenario, broken_run
 from lightning_triage.findings import CODES
 
 
@@ -44,8 +45,9 @@ def fit(scenario: Scenario, root: Path, seed: int = 0) -> dict[str, Any]:
     return report
 
 
-#: Broken fits asserted elsewhere to lead with their code: not fitted again here.
-LED_ELSEWHERE = {s.name for s in LEAD_RUNS} | set(DEMO_RUNS)
+#: Broken fits asserted elsewhere to lead with their code (the lead runs, the demo's, and the
+#: runs whose learning-rate lead is refuted on a copy): not fitted again here.
+LED_ELSEWHERE = {s.name for s in LEAD_RUNS} | set(DEMO_RUNS) | set(REFUTED_LEAD_RUNS)
 
 _TWINS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
@@ -88,8 +90,9 @@ def test_broken_run_reports_its_code_and_its_fixed_twin_does_not(tmp_path: Path,
     fixed_codes = [f["code"] for f in fixed["findings"]]
     assert scenario.expect not in fixed_codes, fixed_codes
     loud = [(f["code"], f["severity"]) for f in fixed["findings"] if f["severity"] != "info"]
-    if scenario.full_fix:
+    if scenario.full_fix:  # nothing to lead with, so no remedy was tried
         assert loud == [] and fixed["start_here"] is None, loud
+        assert not any("remedy" in f for f in fixed["findings"]), fixed_codes
     else:  # the registry says what stays: a flag gone stale fails here
         assert loud, fixed_codes
 

@@ -1,7 +1,8 @@
 """Leads whose remedy is not confirmed, in real fits (seeds 0-2): the curve reads "learning rate
 too low", the trial multiplies the learning rate on a copy and the loss still does not fall, the
-lead is challenged and the report names (and starts at) the cause another check saw. Each fixed
-twin is silent and runs no trial. The runs are in `remedy_runs.py`."""
+lead is challenged and the report names (and starts at) the cause another check saw. The runs
+are the registry's (`lightning_triage.demo.broken.overfit`); their fixed twins (silent, no
+trial) are checked with the registry's others, in `test_broken_runs.py`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from lightning_triage import Triage
 from lightning_triage.callbacks import _remedy
-from tests.scenarios.remedy_runs import REMEDY_RUNS
+from lightning_triage.demo.broken import REFUTED_LEAD_RUNS, broken_run
 
 SLOW = ("curve.lr_too_low", "curve.not_learning")
 
@@ -38,11 +39,12 @@ def fit(build: Any, tmp_path: Path, seed: int) -> tuple[Triage, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("name", list(REMEDY_RUNS))
+@pytest.mark.parametrize("name", REFUTED_LEAD_RUNS)
 def test_a_larger_learning_rate_does_not_cure_it_and_the_cause_is_named(
         tmp_path: Path, name: str, seed: int) -> None:
-    broken, _, cause = REMEDY_RUNS[name]
-    triage, report = fit(broken, tmp_path, seed)
+    run = broken_run(name)
+    cause = run.expect
+    triage, report = fit(run.build, tmp_path, seed)
     tried = [f for f in report["findings"] if "remedy" in f]
     assert len(tried) == 1 and triage.report.remedies.trials == 1
     challenged = tried[0]
@@ -66,13 +68,3 @@ def test_a_larger_learning_rate_does_not_cure_it_and_the_cause_is_named(
     assert f"## Start here: `{cause}`" in text
     assert f"Remedy: on `{challenged['code']}`: not confirmed on a copy" in text
     assert f"next candidate: `{cause}`" in text
-
-
-@pytest.mark.parametrize("name", list(REMEDY_RUNS))
-def test_the_fixed_twin_is_silent_and_runs_no_trial(tmp_path: Path, name: str) -> None:
-    _, fixed, _ = REMEDY_RUNS[name]
-    triage, report = fit(fixed, tmp_path, 0)
-    assert report["start_here"] is None
-    assert [f["code"] for f in report["findings"] if f["severity"] != "info"] == []
-    assert triage.report.remedies.trials == 0
-    assert not any("remedy" in f for f in report["findings"])

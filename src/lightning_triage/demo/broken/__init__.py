@@ -17,13 +17,14 @@ from lightning_triage.demo.broken.curves import CURVE_RUNS
 from lightning_triage.demo.broken.data import DATA_RUNS
 from lightning_triage.demo.broken.mode import MODE_RUNS
 from lightning_triage.demo.broken.numerics import NUMERICS_RUNS
+from lightning_triage.demo.broken.overfit import OVERFIT_RUNS, REFUTED_LEAD_RUNS
 from lightning_triage.demo.broken.structure import STRUCTURE_RUNS
 from lightning_triage.demo.broken.wiring import WIRING_RUNS
 from lightning_triage.demo.scenario import Scenario
 
 #: Every broken run, in the protocol's order of stages.
-BROKEN_RUNS: list[Scenario] = [*DATA_RUNS, *WIRING_RUNS, *STRUCTURE_RUNS, *MODE_RUNS,
-                               *NUMERICS_RUNS, *CURVE_RUNS]
+BROKEN_RUNS: list[Scenario] = [*DATA_RUNS, *WIRING_RUNS, *OVERFIT_RUNS, *STRUCTURE_RUNS,
+                               *MODE_RUNS, *NUMERICS_RUNS, *CURVE_RUNS]
 
 #: The runs whose report must lead with the code they demonstrate (issue 14's causes).
 LEAD_RUNS: list[Scenario] = [s for s in BROKEN_RUNS if s.lead]
@@ -41,4 +42,4 @@ def broken_run(name: str) -> Scenario:
     raise KeyError(f"no broken run {name!r}; have {[s.name for s in BROKEN_RUNS]}")
 
 
-__all__ = ["BROKEN_RUNS", "LEAD_RUNS", "Scenario", "broken_run"]
+__all__ = ["BROKEN_RUNS", "LEAD_RUNS", "REFUTED_LEAD_RUNS", "Scenario", "broken_run"]
