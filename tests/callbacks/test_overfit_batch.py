@@ -11,10 +11,13 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.nn import functional as F
 
 from lightning_triage import EvalModeCheck, GradientWiringCheck, OverfitBatchCheck, Triage
 from lightning_triage.callbacks.overfit_batch import preserved_attributes
+from lightning_triage.demo.broken import broken_run
+from lightning_triage.demo.broken.overfit import DistilledMLP
 from tests.helpers import make_trainer, stage_codes
 from tests.probe_models import (
     Classifier,
@@ -110,6 +113,29 @@ def test_frozen_layers_fail_and_are_named(tmp_path: Path) -> None:
     f = the(check, "overfit.failed")
     assert f.evidence["causes"][0].startswith("frozen layers")
     assert f.evidence["frozen_modules"] == ["encoder", "head"]
+
+
+class GradTeacherMLP(DistilledMLP):
+    """The distillation student whose frozen teacher runs with gradients enabled."""
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        soft = F.softmax(self.teacher(x) / self.temperature, dim=1)
+        return -(soft * F.log_softmax(self(x), dim=1)).sum(1).mean()
+
+
+def test_a_frozen_teacher_run_under_no_grad_is_not_named_a_cause(tmp_path: Path) -> None:
+    # distillation from a teacher whose checkpoint was never loaded: the probe fails, but the
+    # teacher is frozen by design and runs under `no_grad`, off the student's gradient path
+    run = broken_run("random-teacher")
+    pl.seed_everything(0, verbose=False)
+    model, _, _ = run.build()
+    check = fit_overfit(tmp_path, model)
+    f = the(check, "overfit.failed")
+    assert f.evidence["frozen_modules"] == []
+    assert not any("frozen" in cause for cause in f.evidence["causes"]), f.evidence["causes"]
+    # the same teacher called with gradients enabled is on the path: it is named
+    check = fit_overfit(tmp_path / "on-path", GradTeacherMLP(nn.Linear(64, 10)))
+    assert the(check, "overfit.failed").evidence["frozen_modules"] == ["teacher"]
 
 
 def test_detached_loss_fails_at_once_and_report_keeps_it(tmp_path: Path) -> None:

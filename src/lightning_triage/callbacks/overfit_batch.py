@@ -28,7 +28,7 @@ from lightning_triage.callbacks._shared import sharded_strategy, validate_task
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, Task
-from lightning_triage.functional.hooks import capture_last_output
+from lightning_triage.functional.hooks import capture_last_output, grad_enabled_calls
 from lightning_triage.functional.overfit import (
     OverfitVerdict,
     batch_size_of,
@@ -125,12 +125,21 @@ def preserved_attributes(module: nn.Module) -> Iterator[None]:
             set_metric_state(metric, state)
 
 
-def _note_params(run: ProbeRun, params: list[tuple[str, nn.Parameter]],
-                 held: set[int]) -> dict[str, int]:
-    """Record the frozen parameters and those in no param group; the trainable ones' sizes."""
+def _frozen_owners(module: nn.Module) -> set[str]:
+    """The submodules (not the root) that hold frozen parameters of their own."""
+    return {name for name, sub in module.named_modules() if name and any(
+        not p.requires_grad for p in sub.parameters(recurse=False))}
+
+
+def _note_params(run: ProbeRun, params: list[tuple[str, nn.Parameter]], held: set[int],
+                 off_path: set[str]) -> dict[str, int]:
+    """Record the frozen parameters that can hold the loss back (those of a submodule in
+    ``off_path``, never called with gradients enabled, cannot: a teacher under ``no_grad``) and
+    those in no param group; the trainable ones' sizes."""
     trainable = {n: p.numel() for n, p in params if p.requires_grad}
     frozen = {n: p.numel() for n, p in params if not p.requires_grad}
-    run.frozen = group_by_module(frozen, {**trainable, **frozen}) if frozen else []
+    on_path = [n for n in frozen if n.rpartition(".")[0] not in off_path]
+    run.frozen = group_by_module(on_path, {**trainable, **frozen}) if on_path else []
     outside = [n for n, p in params if p.requires_grad and id(p) not in held]
     run.outside_optimizer = group_by_module(outside, trainable) if outside else []
     return trainable
@@ -333,13 +342,18 @@ class OverfitBatchCheck(TriageCallback):
         args = training_step_args(pl_module, batch, 0)
         started = time.perf_counter()
         step_times: list[float] = []
+        owners = _frozen_owners(pl_module)
         for step in range(self.max_steps):
             tic = time.perf_counter()
             for _, p in params:
                 p.grad = None
-            output, captured = self._user_step(trainer, pl_module, args, run, step)
-            if step == 0 and not run.error:  # after the first forward: lazy modules have sizes
-                trainable = _note_params(run, params, held)
+            if step == 0:
+                with grad_enabled_calls(pl_module, owners) as called:
+                    output, captured = self._user_step(trainer, pl_module, args, run, step)
+                if not run.error:  # after the first forward: lazy modules have sizes
+                    trainable = _note_params(run, params, held, owners - called)
+            else:
+                output, captured = self._user_step(trainer, pl_module, args, run, step)
             loss = step_loss(output)
             if self._stop_everywhere(trainer, run, self._judge_loss(run, step, loss, batch,
                                                                     captured)):

@@ -97,6 +97,35 @@ def hooked(module: nn.Module,
             handle.remove()
 
 
+@contextmanager
+def grad_enabled_calls(module: nn.Module, names: Collection[str]) -> Iterator[set[str]]:
+    """The submodules of ``module`` among ``names`` called with gradients enabled while the block
+    runs (a frozen teacher or feature extractor run under ``torch.no_grad()`` is not among them).
+
+    Example:
+        >>> import torch
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+        >>> with grad_enabled_calls(net, {"0", "1"}) as called:
+        ...     with torch.no_grad():
+        ...         h = net[0](torch.ones(1, 2))
+        ...     _ = net[1](h)
+        >>> sorted(called)
+        ['1']
+    """
+    called: set[str] = set()
+
+    def register(name: str, sub: nn.Module) -> Iterator[RemovableHandle]:
+        if name in names:
+            def note(*_: Any) -> None:
+                if torch.is_grad_enabled():
+                    called.add(name)
+
+            yield sub.register_forward_pre_hook(note)
+
+    with hooked(module, register):
+        yield called
+
+
 def _unwrapped(hook: Callable[..., None]) -> Callable[..., None]:
     return hook
 
