@@ -50,9 +50,15 @@ def summary(report: dict[str, Any] | None) -> dict[str, Any]:
                           list(f["explained_by"])] for f in report["findings"]]}
 
 
-def _raw(trainer: pl.Trainer) -> list[dict[str, Any]]:
-    """The findings the checks hold after the fit, as they were before the report ranked them."""
-    return [f.to_dict() for c in collect_checks(trainer.callbacks) for f in c.findings]
+def _raw(trainer: pl.Trainer, report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The findings the checks hold after the fit, as they were before the report ranked them,
+    with the ``remedy`` block the report's trial gave the lead (the ranking reads it)."""
+    raw = [f.to_dict() for c in collect_checks(trainer.callbacks) for f in c.findings]
+    for tried in (f for f in (report or {}).get("findings", []) if "remedy" in f):
+        for f in raw:
+            if all(f[k] == tried[k] for k in ("code", "global_step", "layer", "check")):
+                f["remedy"] = tried["remedy"]
+    return raw
 
 
 def _demo(scenario: Scenario, root: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -71,7 +77,7 @@ def _demo(scenario: Scenario, root: Path) -> tuple[dict[str, Any] | None, list[d
         report = run_scenario(slow_ok, root, Console(quiet=True))
     finally:
         pl.Trainer.fit = original  # type: ignore[method-assign]
-    return report, _raw(seen[-1])
+    return report, _raw(seen[-1], report)
 
 
 def _healthy(build: Callable[[int], Any], root: Path) -> tuple[dict[str, Any] | None,
@@ -83,7 +89,7 @@ def _healthy(build: Callable[[int], Any], root: Path) -> tuple[dict[str, Any] | 
                          enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=root, accelerator="cpu", **kwargs)
     trainer.fit(model, train, val)
-    return triage.report.report, _raw(trainer)
+    return triage.report.report, _raw(trainer, triage.report.report)
 
 
 def run_all(only: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -36,3 +36,5 @@ def test_the_record_holds_causes_symptoms_and_healthy_runs() -> None:
     assert None in leads and len(leads) >= 10
     explained = [f for r in RECORD.values() for f in r["findings"] if f[4]]
     assert explained  # symptoms explained by their cause: the ranking has work to do
+    # the leads' remedy trials are recorded with the findings: the ranking reads them too
+    assert any("remedy" in d for r in RECORD.values() for d in r["raw"])

@@ -528,8 +528,8 @@ def start_here(findings: Sequence[Finding]) -> str | None:
     The first problem (error or warning) in protocol order that no other finding explains
     (see :func:`explain_findings`); within a stage, a finding whose remedy was confirmed on a
     copy first and one whose remedy was not confirmed after the others; if every problem is
-    explained (explanations by findings
-    that are not themselves problems cannot happen), the first problem.
+    explained (explanations by findings that are not themselves problems cannot happen), the
+    first problem.
 
     Example:
         >>> failed = Finding.create("overfit.failed", "could not overfit", check="T", global_step=0)

@@ -243,7 +243,6 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
     return text
 
 
-
 def lead_trial(report: Mapping[str, Any], lead: Mapping[str, Any]) -> str | None:
     """The remedy line shown under the report's lead: its own trial (:func:`remedy_line`), or,
     for a lead that became the lead because another finding's remedy was not confirmed on a
