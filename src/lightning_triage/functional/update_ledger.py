@@ -69,8 +69,8 @@ class Reading:
         lr: the optimizer's largest learning rate (``"pre"``).
         renewed: at ``"pre"``, the parameters whose gradient is another tensor than at the
             optimizer's previous step: it was set to ``None`` (zeroed) in between, evidence
-            of zeroing when no backward was read (a backward outside Lightning's, such as
-            ``scaler.scale(loss).backward()``).
+            of zeroing when no backward was read in between (a caller that cannot hook the
+            backward).
     """
 
     kind: ReadingKind
