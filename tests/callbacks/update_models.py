@@ -342,12 +342,14 @@ class DirectBackward(ManualClassifier):
             (``p.grad.zero_()`` for each parameter) or ``"never"`` (the real bug: the
             gradients accumulate across steps).
         when: zero ``"before"`` the backward or ``"after"`` the step.
+        micro: backwards per step (the batch split in ``micro`` parts, accumulated).
     """
 
     def __init__(self, zero: Literal["lightning", "torch", "loop", "never"] = "lightning",
-                 when: Literal["before", "after"] = "before", **kwargs: Any) -> None:
+                 when: Literal["before", "after"] = "before", micro: int = 1,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.zero, self.when = zero, when
+        self.zero, self.when, self.micro = zero, when, micro
 
     def _zero(self, opt: Any) -> None:
         if self.zero == "lightning":
@@ -363,8 +365,12 @@ class DirectBackward(ManualClassifier):
         opt = self.optimizers()
         if self.when == "before":
             self._zero(opt)
-        loss = self.loss(batch)
-        loss.backward()
+        x, y = batch
+        losses = [self.loss((xs, ys)) / self.micro
+                  for xs, ys in zip(x.chunk(self.micro), y.chunk(self.micro), strict=True)]
+        for part in losses:
+            part.backward()
+        loss = torch.stack(losses).sum().detach()
         opt.step()  # type: ignore[union-attr]
         if self.when == "after":
             self._zero(opt)
