@@ -328,3 +328,51 @@ class OwnScaler(ManualClassifier):
             self.net[-1].reset_parameters()  # type: ignore[index,operator]
         self.log("train_loss", loss)
         return loss.detach()
+
+
+# ---------------------------------------------------------------------- 6. backward of its own
+class DirectBackward(ManualClassifier):
+    """Manual optimization that calls ``loss.backward()`` itself (Lightning's
+    ``on_before_backward`` does not fire) and zeros the gradients in place, the ways users
+    write it.
+
+    Args:
+        zero: ``"lightning"`` (``opt.zero_grad(set_to_none=False)`` on Lightning's wrapper),
+            ``"torch"`` (the same on the raw torch optimizer), ``"loop"``
+            (``p.grad.zero_()`` for each parameter) or ``"never"`` (the real bug: the
+            gradients accumulate across steps).
+        when: zero ``"before"`` the backward or ``"after"`` the step.
+        micro: backwards per step (the batch split in ``micro`` parts, accumulated).
+    """
+
+    def __init__(self, zero: Literal["lightning", "torch", "loop", "never"] = "lightning",
+                 when: Literal["before", "after"] = "before", micro: int = 1,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.zero, self.when, self.micro = zero, when, micro
+
+    def _zero(self, opt: Any) -> None:
+        if self.zero == "lightning":
+            opt.zero_grad(set_to_none=False)
+        elif self.zero == "torch":
+            opt.optimizer.zero_grad(set_to_none=False)
+        elif self.zero == "loop":
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        opt = self.optimizers()
+        if self.when == "before":
+            self._zero(opt)
+        x, y = batch
+        losses = [self.loss((xs, ys)) / self.micro
+                  for xs, ys in zip(x.chunk(self.micro), y.chunk(self.micro), strict=True)]
+        for part in losses:
+            part.backward()
+        loss = torch.stack(losses).sum().detach()
+        opt.step()  # type: ignore[union-attr]
+        if self.when == "after":
+            self._zero(opt)
+        self.log("train_loss", loss)
+        return loss.detach()

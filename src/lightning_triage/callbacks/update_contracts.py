@@ -18,6 +18,7 @@ from lightning_triage.callbacks._args import check_int
 from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.adapters import peft_base_params
+from lightning_triage.functional.hooks import backward_start_hook
 from lightning_triage.functional.late_freeze import LateFreezeWatch, running_norms
 from lightning_triage.functional.update import (
     frozen_running_stats,
@@ -61,7 +62,12 @@ class UpdateContractCheck(TriageCallback):
     optimizer step and at the end of the batch, and the gradients' norms at each backward and
     before each step; one host sync per batch. Under manual optimization, a step that Lightning
     does not announce (``scaler.step(opt.optimizer)`` of the user's own ``GradScaler``) is read
-    by a step pre-hook on the optimizer. The readings feed a pure ledger of the functional core
+    by a step pre-hook on the optimizer, and a backward that Lightning does not announce
+    (``loss.backward()`` called directly) by a gradient hook on the parameters
+    (:func:`~lightning_triage.functional.hooks.backward_start_hook`: once per backward, at
+    its first gradient, before any is added to ``.grad``), so gradients zeroed in place
+    (``zero_grad(set_to_none=False)``, ``p.grad.zero_()``) are seen zeroed. The readings feed
+    a pure ledger of the functional core
     (:class:`~lightning_triage.functional.update_ledger.UpdateLedger`), which decides. At the end
     of the window it removes its hooks and goes idle.
 
@@ -130,6 +136,7 @@ class UpdateContractCheck(TriageCallback):
         self._stepped: set[tuple[int, int]] = set()
         self._grad_refs = _GradRefs()
         self._step_at_start = 0
+        self._announced = False  # inside a backward that Lightning announced (and we read)
         self._bn: list[tuple[str, str, Tensor]] = []
         self._bn_step = 0
 
@@ -154,9 +161,28 @@ class UpdateContractCheck(TriageCallback):
                            loss: Tensor) -> None:
         if not self._armed:
             return
+        self._announced = True
+        self._backward(trainer)
+
+    @override
+    @guarded
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._announced = False
+
+    def _backward(self, trainer: pl.Trainer) -> None:
+        """Read the gradients before a backward adds to them (the parameters too at the
+        batch's first backward)."""
         first = not any(p.kind == "backward" for p in self._points)
         norms, grads = self._norms_and_grads(first)
         self._points.append(_Point("backward", None, trainer.global_step, norms, grads))
+
+    def _grad_hook(self, trainer: pl.Trainer) -> Any:
+        def hook() -> None:
+            # manual optimization: a backward Lightning does not announce (`loss.backward()`
+            # called directly), read at its first gradient, before any reaches `.grad`
+            if self._armed and not self._announced:
+                self._backward(trainer)
+        return self.guard_hook(trainer, "gradient hook", hook)
 
     @override
     @guarded
@@ -294,6 +320,8 @@ class UpdateContractCheck(TriageCallback):
         for i, opt in enumerate(trainer.optimizers):
             self.add_handle(opt.register_step_pre_hook(self._pre_hook(trainer, i)))
             self.add_handle(opt.register_step_post_hook(self._post_hook(trainer, i)))
+        if not pl_module.automatic_optimization:  # `loss.backward()` called directly
+            self.add_handle(backward_start_hook(self._params, self._grad_hook(trainer)))
         self._init = self._norms().tolist()
         index = {id(p): i for i, p in enumerate(self._params)}
         self._ledger = UpdateLedger(

@@ -1,8 +1,10 @@
-"""Temporary module hooks for probes: registered for one forward, always removed."""
+"""Temporary module hooks for probes (registered for one forward, always removed), and a
+once-per-backward gradient hook for the checks of the first steps."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -256,3 +258,66 @@ class HeadCapture:
             self._stack.close()
         self._stack, self._captured, self._targets = None, None, None
         self.active = False
+
+
+def backward_start_hook(tensors: Sequence[Tensor], fn: Callable[[], None]) -> RemovableHandle:
+    """Call ``fn`` once per backward (``.backward()`` or ``torch.autograd.backward``) that
+    reaches any of ``tensors`` (leaves that require gradients: parameters), at the first
+    gradient computed for one of them, before that gradient or any other of theirs is added
+    to ``.grad``: what ``fn`` reads of their ``.grad`` is what the backward started from,
+    whoever called it.
+
+    ``torch.autograd.graph.register_multi_grad_hook(..., mode="any")`` (torch >= 2.3); before
+    that, one tensor hook each, the first of a backward (its graph task) calling ``fn``.
+
+    Args:
+        tensors: the leaves to watch (those without ``requires_grad`` are left out).
+        fn: called with no argument; it must not modify any gradient.
+
+    Returns:
+        The handle that removes the hooks.
+
+    Example:
+        >>> import torch
+        >>> w = torch.ones(3, requires_grad=True)
+        >>> seen = []
+        >>> handle = backward_start_hook([w], lambda: seen.append(
+        ...     None if w.grad is None else w.grad.sum().item()))
+        >>> for _ in range(2):
+        ...     (2 * w).sum().backward()
+        >>> handle.remove()
+        >>> (2 * w).sum().backward()
+        >>> seen
+        [None, 6.0]
+    """
+    leaves = [t for t in tensors if t.requires_grad]
+
+    def first(grad: Tensor) -> None:
+        fn()
+
+    try:
+        return torch.autograd.graph.register_multi_grad_hook(leaves, first, mode="any")
+    except TypeError:  # torch < 2.3: no `mode`
+        pass
+    task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+    lock, last = threading.Lock(), [-2]
+
+    def each(grad: Tensor) -> None:
+        task = task_id()
+        with lock:
+            seen, last[0] = last[0] == task != -1, task
+        if not seen:
+            fn()
+
+    return _Handles([t.register_hook(each) for t in leaves])
+
+
+class _Handles(RemovableHandle):
+    """Several hook handles removed as one."""
+
+    def __init__(self, handles: Sequence[RemovableHandle]) -> None:
+        self.handles = list(handles)
+
+    def remove(self) -> None:
+        while self.handles:
+            self.handles.pop().remove()

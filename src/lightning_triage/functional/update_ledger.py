@@ -6,8 +6,9 @@ and of its gradient, at a few points of each training batch, and feeds them to a
 :class:`UpdateLedger` as :class:`Reading` values (host numbers):
 
 - ``"start"``: the start of the batch (parameter norms);
-- ``"backward"``: at a backward, before it (gradient norms; parameter norms at the batch's first
-  backward only);
+- ``"backward"``: at a backward, before it adds to any gradient (gradient norms; parameter
+  norms at the batch's first backward only): a gradient zeroed in place since the optimizer's
+  previous step reads ``0`` there;
 - ``"pre"``: before an optimizer's step (parameter and gradient norms, the learning rate);
 - ``"post"``: after an optimizer's step (parameter norms);
 - ``"end"``: the end of the batch (parameter norms).
@@ -68,8 +69,8 @@ class Reading:
         lr: the optimizer's largest learning rate (``"pre"``).
         renewed: at ``"pre"``, the parameters whose gradient is another tensor than at the
             optimizer's previous step: it was set to ``None`` (zeroed) in between, evidence
-            of zeroing when no backward was read (a backward outside Lightning's, such as
-            ``scaler.scale(loss).backward()``).
+            of zeroing when no backward was read in between (a caller that cannot hook the
+            backward).
     """
 
     kind: ReadingKind
