@@ -36,6 +36,7 @@ from torch.overrides import TorchFunctionMode
 
 from lightning_triage._compat import forward_context, hook_takes, is_overridden
 from lightning_triage.functional.batch import BatchKey
+from lightning_triage.functional.draws import DROPOUTS, SDPA_DROPOUT_ARG
 from lightning_triage.functional.eval_contracts import first_divergence
 from lightning_triage.functional.remedy import EvalPasses, decide_eval_remedy
 from lightning_triage.probing import (
@@ -60,11 +61,6 @@ CHANGES: dict[str, str] = {
                     "`dropout_p=0`)",
 }
 
-_DROPOUTS: frozenset[Any] = frozenset({
-    F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
-    torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout,
-})
-_SDPA_DROPOUT_ARG = 4  # query, key, value, attn_mask, dropout_p
 
 
 class _DropoutGate(TorchFunctionMode):
@@ -78,12 +74,12 @@ class _DropoutGate(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
-        if func in _DROPOUTS and args and isinstance(args[0], Tensor):
+        if func in DROPOUTS and args and isinstance(args[0], Tensor):
             self.gated += 1
             return args[0]
         if func is F.scaled_dot_product_attention:
-            if len(args) > _SDPA_DROPOUT_ARG:
-                args = (*args[:_SDPA_DROPOUT_ARG], 0.0, *args[_SDPA_DROPOUT_ARG + 1:])
+            if len(args) > SDPA_DROPOUT_ARG:
+                args = (*args[:SDPA_DROPOUT_ARG], 0.0, *args[SDPA_DROPOUT_ARG + 1:])
                 self.gated += 1
             elif kwargs.get("dropout_p"):
                 kwargs["dropout_p"] = 0.0
