@@ -33,7 +33,7 @@ lint: $(VENV)/.dev-installed
 	$(PY) -m mypy
 
 unit: $(VENV)/.dev-installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # the documentation site, strictly (any warning fails): output in site/
 docs: $(VENV)/.dev-installed
