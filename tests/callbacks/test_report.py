@@ -11,7 +11,7 @@ import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
-from lightning_triage import InitialLossCheck, Triage, TriageReport
+from lightning_triage import InitialLossCheck, Triage, TriageConfigError, TriageReport
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.demo.broken import broken_run
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
@@ -209,12 +209,40 @@ def test_no_report_from_a_process_that_did_not_watch_the_run(tmp_path: Path) -> 
     assert report.report is None
 
 
+def test_a_default_fit_emits_no_warning_per_finding(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Findings reach the console once, ranked, in the summary: a broken run with the defaults
+    emits no `RuntimeWarning` of the package; `warn_findings=True` opts in (once per code);
+    `verbose=False` prints nothing at all."""
+    import warnings
+
+    def fit(triage: Triage) -> list[str]:
+        model, train, val = broken_run("scaled-logits").build()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            make_trainer(tmp_path, [triage]).fit(model, train, val)
+        return [str(w.message) for w in caught
+                if issubclass(w.category, RuntimeWarning) and "lightning-triage" in str(w.message)]
+
+    assert fit(Triage(verify_remedies=False)) == []
+    assert "init.loss_above_chance" in capsys.readouterr().out  # in the summary, once
+    assert fit(Triage(verify_remedies=False, verbose=False)) == []
+    assert capsys.readouterr().out == ""
+    loud = fit(Triage(verify_remedies=False, verbose=False, warn_findings=True))
+    assert sum("init.loss_above_chance" in m for m in loud) == 1, loud
+    with pytest.raises(TriageConfigError, match="warn_findings"):
+        Triage(warn_findings="yes")  # type: ignore[arg-type]
+
+
 def test_a_suspicion_warns_as_a_suspicion_while_the_run_goes_on() -> None:
-    """The warning emitted when a check first sees a suspicion says that the report settles it
-    (a suspicion without a symptom ends as info); other problems warn as they are."""
+    """With `warn_findings`, the warning emitted when a check first sees a suspicion says that
+    the report settles it (a suspicion without a symptom ends as info); other problems warn as
+    they are."""
     from lightning_triage.callbacks.base import TriageCallback
 
     check = TriageCallback()
+    assert not check.warn_findings  # off by default
+    check.warn_findings = True
     with pytest.warns(RuntimeWarning, match=r"data.unnormalized_input \(a suspicion: the report"):
         check.add_finding(None, "data.unnormalized_input", "rms 7.8")
     with pytest.warns(RuntimeWarning) as caught:
