@@ -43,7 +43,7 @@ from lightning_triage.plots import initial_loss as _initial_loss
 from lightning_triage.plots import loss_plot as _loss_plot
 from lightning_triage.plots import remedy_plot as _remedy_plot
 from lightning_triage.plots import remedy_trial as _remedy_trial
-from lightning_triage.report import lead_trial
+from lightning_triage.report import trial_hint, lead_trial
 
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
                  "error": "#8e44ad", "not run": "#7f8c8d"}
@@ -165,7 +165,7 @@ def _header(report: Mapping[str, Any]) -> Markup:
             "<p><b>Next:</b> {hint}</p>{trial}</div>").format(
                 color=_SEV_COLOR[lead["severity"]], errors=counts["error"],
                 warnings=counts["warning"], first=first, where=where, title=lead["title"],
-                message=_md_code(lead["message"]), hint=_md_code(lead["hint"]),
+                message=_md_code(lead["message"]), hint=_md_code(trial_hint(lead)),
                 trial=_remedy_html(lead, report))
     else:
         verdict = Markup(
@@ -196,7 +196,7 @@ def _stage_cell(f: Mapping[str, Any]) -> Markup:
     if ev:
         cell += Markup('<br><span class="mono muted">{}</span>').format(ev)
     if f["severity"] != "info":
-        cell += Markup("<br><i>Hint:</i> {}").format(_md_code(f["hint"]))
+        cell += Markup("<br><i>Hint:</i> {}").format(_md_code(trial_hint(f)))
     return cell
 
 
@@ -367,7 +367,7 @@ def _finding(f: Mapping[str, Any]) -> Markup:
         title=f["title"], where=_join(where, ", "),
         explained=Markup('<p class="muted">Explained by {}: fix that first.</p>').format(
             ", ".join(explained)) if explained else "",
-        message=_md_code(f["message"]), hint=_md_code(f["hint"]), evidence=evidence)
+        message=_md_code(f["message"]), hint=_md_code(trial_hint(f)), evidence=evidence)
 
 
 def _findings(report: Mapping[str, Any]) -> Markup:
