@@ -43,7 +43,7 @@ from lightning_triage.plots import initial_loss as _initial_loss
 from lightning_triage.plots import loss_plot as _loss_plot
 from lightning_triage.plots import remedy_plot as _remedy_plot
 from lightning_triage.plots import remedy_trial as _remedy_trial
-from lightning_triage.report import trial_hint, lead_trial
+from lightning_triage.report import lead_trial, trial_hint
 
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
                  "error": "#8e44ad", "not run": "#7f8c8d"}
