@@ -343,7 +343,9 @@ def shorten(text: str, limit: int) -> str:
         return text
     cut = text[:limit - 1]
     space = cut.rfind(" ")
-    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "…"
+    if text[limit - 1] != " " and space > limit // 2:  # cut mid-word: back to the last space
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + "…"
 
 
 def module_name(name: Any) -> Any:

@@ -272,7 +272,9 @@ def trial_hint(lead: Mapping[str, Any]) -> str:
     if len(lrs) != 2 or not all(math.isfinite(v) and v > 0 for v in lrs) or lrs[0] == lrs[1]:
         return hint
     old, new = lrs
-    measured = f"{max(old, new) / min(old, new):.3g}x: lr {old:.3g} -> {new:.3g} worked on a copy"
+    factor = max(old, new) / min(old, new)
+    times = f"{round(factor):,}x" if abs(factor - round(factor)) < 1e-3 * factor else f"{factor:.3g}x"
+    measured = f"{times}: lr {old:.3g} -> {new:.3g} worked on a copy"
     shown, n = _HINT_FACTOR.subn(f" ({measured})", hint, count=1)
     return shown if n else f"{hint} (Measured on a copy: lr {old:.3g} -> {new:.3g}.)"
 

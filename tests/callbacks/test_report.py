@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jsonschema
 import lightning.pytorch as pl
@@ -248,3 +248,37 @@ def test_a_suspicion_warns_as_a_suspicion_while_the_run_goes_on() -> None:
     with pytest.warns(RuntimeWarning) as caught:
         check.add_finding(None, "init.loss_above_chance", "33.9 vs 2.303")
     assert "suspicion" not in str(caught[0].message)
+
+
+def test_a_finding_carries_the_epoch_of_its_step(tmp_path: Path) -> None:
+    """A finding recorded after its epoch ended (at the end of fit, about an earlier step) has
+    its step's epoch, not the epoch current when it was recorded; a validation finding at the
+    end of an epoch keeps that epoch."""
+    from lightning.pytorch.callbacks import Callback
+
+    class Late(TriageCallback):
+        codes = ("triage.check_error",)
+
+        def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            if trainer.current_epoch == 0 and not trainer.sanity_checking:
+                self.add_finding(trainer, "triage.check_error", "val", global_step=trainer.global_step)
+
+        def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            assert trainer.current_epoch == 2  # two epochs done: the epoch now is past the run's
+            self.add_finding(trainer, "triage.check_error", "late, about step 1", global_step=1)
+            self.add_finding(trainer, "triage.check_error", "late, about step 5", global_step=5)
+
+    class Stepped(Callback):  # the steps at which each epoch started, as Lightning counts them
+        starts: ClassVar[list[int]] = []
+
+        def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self.starts.append(trainer.global_step)
+
+    train, val = digits_loaders()
+    report = TriageReport(report_dir=tmp_path, verbose=False, verify_remedies=False)
+    stepped = Stepped()
+    make_trainer(tmp_path, [Late(), report, stepped], max_epochs=2).fit(DigitsMLP(), train, val)
+    assert stepped.starts == [0, 4]
+    epochs = {f["message"]: f["epoch"] for f in read_report(tmp_path)["findings"]
+              if f["code"] == "triage.check_error"}
+    assert epochs == {"val": 0, "late, about step 1": 0, "late, about step 5": 1}

@@ -200,7 +200,7 @@ def test_the_hint_uses_the_factor_the_trial_measured() -> None:
     low = Finding.create("curve.lr_too_low", "flat", check="T", global_step=0)
     up = {**block, "before": {"lr": 1e-6, "steps": 30, "loss": 2.3, "finite": True},
           "after": {"lr": 1e-3, "steps": 30, "loss": 0.5, "finite": True}}
-    assert "Raise the learning rate (1e+03x: lr 1e-06 -> 0.001 worked on a copy)" in render_markdown(
+    assert "Raise the learning rate (1,000x: lr 1e-06 -> 0.001 worked on a copy)" in render_markdown(
         build_report([with_remedy(low, up)], status="completed", run=run))
 
 

@@ -384,7 +384,7 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
     if kind in DIRECT_KINDS:
         last = remedied[-1][1]
         rose = as_is.finite and last.finite and last.end_loss > as_is.end_loss
-        why_rose = f" ({RISES_BECAUSE[kind]})" if rose and kind in RISES_BECAUSE else ""
+        why_rose = f"; {RISES_BECAUSE[kind]}" if rose and kind in RISES_BECAUSE else ""
         return RemedyDecision("inconclusive", f"{what}; " + "; ".join(reasons) + f"{why_rose}. The "
                               "finding is a fact observed on the copy, not a reading of the curve: "
                               f"a replay of {len(as_is.steps)} steps that does not end lower does "
