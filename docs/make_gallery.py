@@ -32,7 +32,7 @@ from lightning_triage import Triage
 from lightning_triage.demo import SCENARIOS, Scenario
 from lightning_triage.demo.broken import BROKEN_RUNS
 from lightning_triage.findings import CODES, stage_index
-from lightning_triage.report import remedy_line
+from lightning_triage.report import remedy_line, trial_hint
 
 
 def _runs() -> list[Scenario]:
@@ -71,7 +71,7 @@ def entry(code: str, story: str, f: dict[str, Any]) -> str:
     layer = f", layer `{f['layer']}`" if f.get("layer") else ""
     message = _WALL_TIME.sub("", " ".join(f["message"].split()))
     lines = [f"## `{code}`", "", f"*{f['severity']}* — run: {story}{where}{layer}.", "",
-             f"> {message}", "", f"**Next:** {f['hint']}", ""]
+             f"> {message}", "", f"**Next:** {trial_hint(f)}", ""]
     trial = remedy_line(code, f.get("remedy"))
     if trial is not None:  # the lead's fix tried on a copy (docs/remedies.md)
         lines += [f"**Remedy:** {trial}", ""]

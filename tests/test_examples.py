@@ -62,6 +62,49 @@ def _quick_start() -> str:
     return str(code)
 
 
+def test_quick_start_imports_only_what_a_wheel_ships() -> None:
+    """The quick start of the README, the docs' home page and getting started imports nothing
+    from the repository's `examples/` (not in the wheel): its names come from the package,
+    whose source tree is what the wheel ships (pyproject's `packages`), or from a dependency."""
+    import importlib
+
+    import lightning_triage
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["src/lightning_triage"]
+    shipped = Path(lightning_triage.__file__).parent
+    assert shipped == ROOT / "src" / "lightning_triage"
+    for page in ("README.md", "docs/index.md", "docs/getting_started.md"):
+        text = (ROOT / page).read_text()
+        [code] = re.findall(r"```python\n(from lightning.pytorch import Trainer\n.*?)^```$", text,
+                            flags=re.S | re.M)[:1]
+        imports = re.findall(r"^from (\S+) import (.+?)(?:  #.*)?$", code, flags=re.M)
+        assert imports and "examples" not in code, page
+        for module, names in imports:
+            loaded = importlib.import_module(module)
+            for name in names.split(", "):
+                assert hasattr(loaded, name), (page, module, name)
+            if module.startswith("lightning_triage"):
+                assert Path(str(loaded.__file__)).is_relative_to(shipped), (page, module)
+
+
+def test_project_metadata_a_registry_page_needs() -> None:
+    """Python-version classifiers from `requires-python` on, and the project's URLs; the git
+    URL the install docs give is the project's."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    low = int(project["requires-python"].removeprefix(">=3."))
+    versions = [c.rsplit(" :: ", 1)[1] for c in project["classifiers"]
+                if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
+    assert versions and versions[0] == f"3.{low}", versions
+    assert {"Homepage", "Source", "Documentation", "Issues", "Changelog"} <= set(project["urls"])
+    for page in ("README.md", "docs/getting_started.md"):
+        assert f"git+{project['urls']['Source']}" in (ROOT / page).read_text(), page
+        assert "not on pypi yet" in (ROOT / page).read_text().lower(), page
+
+
 @pytest.mark.parametrize("seed", seeds(5))
 def test_quick_start_is_clean_unseeded(seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        recwarn: pytest.WarningsRecorder) -> None:
@@ -71,8 +114,7 @@ def test_quick_start_is_clean_unseeded(seed: int, tmp_path: Path, monkeypatch: p
     1e-6 made it ~1e6 and validation loss hundreds: `curve.overfitting` on most seeds)."""
     code = _quick_start()
     assert "max_epochs=3" in code and "seed_everything" not in code
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    monkeypatch.chdir(tmp_path)  # no examples/ here: the quick start runs from the package
     torch.manual_seed(seed)  # the model's initialization, as an unseeded run draws it
     namespace: dict[str, Any] = {"__name__": "__quick_start__"}
     exec(compile(code, "README.md (quick start)", "exec"), namespace)

@@ -119,3 +119,34 @@ def test_a_check_entry_without_a_stage_takes_the_stage_of_its_findings() -> None
                            "hint": "h", "check": "MyCheck", "evidence": {}, "explained_by": []}]
     grad_row = next(r for r in render_html(report, plots=False).split("<b>") if r.startswith("grad</b>"))
     assert "passed" in grad_row
+
+
+def test_frames_of_no_named_layer_and_of_the_root_module_read_as_words() -> None:
+    """A NaN frames heading of a finding with no layer says no "layer `None`"; the root module
+    (`named_modules()` names it "") is named, in the frames and as a finding's layer."""
+    report = broken_report()
+    [nan] = [f for f in report["findings"] if f["code"] == "numerics.nonfinite_forward"]
+    nan["layer"] = None
+    nan["evidence"]["frames"].append({"module": "", "max_abs": 0.0, "nan": 0, "inf": 320,
+                                      "numel": 320, "dtype": "float32", "inputs_finite": False})
+    page = render_html(report)
+    heading = page[page.index("Frames leading to the first non-finite value"):]
+    heading = heading[:heading.index("</h2>")]
+    assert "None" not in heading and "step 12" in heading
+    assert "<td>(the model itself)</td>" in page
+    nan["layer"] = ""
+    page = render_html(report)
+    assert "layer <code>(the model itself)</code>" in page and "layer <code></code>" not in page
+
+
+def test_a_long_check_detail_is_cut_at_a_word_with_an_ellipsis() -> None:
+    report = healthy_report()
+    words = " ".join(f"probe{i} ran" for i in range(80))  # ~700 characters
+    report["checks"] = [{"check": "StructureProbe", "stage": "structure", "status": "passed",
+                         "detail": words}]
+    page = render_html(report)
+    row = page[page.index("<b>structure</b>"):]
+    row = row[:row.index("</tr>")]
+    shown = re.search(r'<span class="muted">(probe0 ran[^<]*)</span>', row)
+    assert shown is not None and shown[1].endswith("…"), row[-300:]
+    assert shown[1][:-1].split()[-1] in words.split() and len(shown[1]) <= 300

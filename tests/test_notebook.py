@@ -30,3 +30,20 @@ def test_walkthrough_executes(tmp_path: Path) -> None:
     summary = nb.cells[-1]["outputs"]
     text = "".join(o.get("text", "") for o in summary)
     assert "future-mask-lm" in text and "structure.causal_leak" in text, text
+
+
+def test_docs_page_shows_the_notebooks_current_cells() -> None:
+    """docs/walkthrough.md (docs/make_walkthrough.py: the notebook executed, with its outputs)
+    holds the notebook's code cells as they are now: regenerate it after editing the notebook."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "make_walkthrough", NOTEBOOK.parents[1] / "docs" / "make_walkthrough.py")
+    assert spec is not None and spec.loader is not None
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    raw = json.loads(NOTEBOOK.read_text())
+    cells = ["".join(c["source"]).strip() for c in raw["cells"] if c["cell_type"] == "code"]
+    page = make.PAGE.read_text()
+    assert make.code_sources(page) == cells, "run `PYTHONPATH=src python docs/make_walkthrough.py`"
+    assert page.count("```text\n") >= len(cells) // 2, "the page lost the notebook's outputs"

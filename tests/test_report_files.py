@@ -48,7 +48,7 @@ def test_the_three_files_carry_one_run_id(tmp_path: Path) -> None:
     ids = _ids(tmp_path)
     assert len(ids) == 1 and None not in ids
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".triage_report.lock", HTML_NAME, JSON_NAME, MARKDOWN_NAME]  # no temporary file left
+        HTML_NAME, JSON_NAME, MARKDOWN_NAME]  # no temporary file left, no lock file either
 
 
 def test_a_full_disk_keeps_the_previous_report(tmp_path: Path,

@@ -46,7 +46,7 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 #: Run keys that change with every run and say nothing about its settings.
-_VOLATILE = {"global_step", "epochs"}
+_VOLATILE = {"global_step", "epochs", "run_id"}
 
 
 def diff_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from lightning_triage.codes import REMEDY_KINDS, SEVERITIES, SPECS, CodeSpec, RemedyKind, Severity
@@ -233,6 +233,29 @@ _FIELD_ORDER = (
     "code", "severity", "title", "message", "hint", "global_step", "epoch", "rank", "layer",
     "evidence", "check", "explained_by",
 )
+
+
+def epoch_of_step(finding: Finding, epoch_starts: Sequence[tuple[int, int]]) -> Finding:
+    """``finding`` with the epoch of its step: a check that records a finding after its step
+    (the curve window closing, a deferred read, the end of fit) records the epoch current then,
+    one too many when the epoch has ended since. ``epoch_starts`` holds ``(global_step, epoch)``
+    at each training epoch's start; the finding's epoch becomes the lower of the one recorded
+    and the epoch whose training steps hold ``global_step`` (a validation finding at the end of
+    epoch ``e`` has the next epoch's first step: its recorded ``e`` stays).
+
+    Example:
+        >>> f = Finding.create("curve.diverging", "inf", check="T", global_step=12, epoch=1)
+        >>> epoch_of_step(f, [(0, 0), (13, 1)]).epoch, epoch_of_step(f, [(0, 0)]).epoch
+        (0, 0)
+        >>> epoch_of_step(f, [(0, 0), (10, 1)]).epoch, epoch_of_step(f, []).epoch
+        (1, 1)
+    """
+    if finding.global_step is None or finding.epoch is None:
+        return finding
+    held = [epoch for start, epoch in epoch_starts if start <= finding.global_step]
+    if not held or max(held) >= finding.epoch:
+        return finding
+    return replace(finding, epoch=max(held))
 
 
 def sort_findings(findings: Sequence[Finding]) -> list[Finding]:

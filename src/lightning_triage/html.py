@@ -43,7 +43,7 @@ from lightning_triage.plots import initial_loss as _initial_loss
 from lightning_triage.plots import loss_plot as _loss_plot
 from lightning_triage.plots import remedy_plot as _remedy_plot
 from lightning_triage.plots import remedy_trial as _remedy_trial
-from lightning_triage.report import lead_trial
+from lightning_triage.report import lead_trial, trial_hint
 
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
                  "error": "#8e44ad", "not run": "#7f8c8d"}
@@ -156,8 +156,8 @@ def _header(report: Mapping[str, Any]) -> Markup:
     if lead is not None:
         where = Markup("") if lead.get("global_step") is None else \
             Markup(" at step {}").format(lead["global_step"])
-        if lead.get("layer"):
-            where += Markup(", layer <code>{}</code>").format(lead["layer"])
+        if lead.get("layer") is not None:
+            where += Markup(", layer <code>{}</code>").format(module_name(lead["layer"]))
         verdict = Markup(
             '<div class="verdict" style="--c:{color}"><div>Verdict: <b>{errors} error(s), '
             '{warnings} warning(s)</b>. Start here: <span class="code">{first}</span>{where}</div>'
@@ -165,7 +165,7 @@ def _header(report: Mapping[str, Any]) -> Markup:
             "<p><b>Next:</b> {hint}</p>{trial}</div>").format(
                 color=_SEV_COLOR[lead["severity"]], errors=counts["error"],
                 warnings=counts["warning"], first=first, where=where, title=lead["title"],
-                message=_md_code(lead["message"]), hint=_md_code(lead["hint"]),
+                message=_md_code(lead["message"]), hint=_md_code(trial_hint(lead)),
                 trial=_remedy_html(lead, report))
     else:
         verdict = Markup(
@@ -196,7 +196,7 @@ def _stage_cell(f: Mapping[str, Any]) -> Markup:
     if ev:
         cell += Markup('<br><span class="mono muted">{}</span>').format(ev)
     if f["severity"] != "info":
-        cell += Markup("<br><i>Hint:</i> {}").format(_md_code(f["hint"]))
+        cell += Markup("<br><i>Hint:</i> {}").format(_md_code(trial_hint(f)))
     return cell
 
 
@@ -223,7 +223,7 @@ def _stage_rows(report: Mapping[str, Any]) -> list[list[Any]]:
             cells.append(Markup('<span class="muted">and {} more below</span>').format(len(shown) - 4))
         detail = "; ".join(c["detail"] for c in stage_checks if c.get("detail"))
         if not cells and detail:
-            cells.append(Markup('<span class="muted">{}</span>').format(_md_code(detail[:300])))
+            cells.append(Markup('<span class="muted">{}</span>').format(_md_code(shorten(detail, 300))))
         rows.append([str(i),
                      Markup('<b>{}</b><br><span class="muted">{}</span>').format(
                          stage, STAGE_QUESTIONS[stage]),
@@ -329,17 +329,51 @@ def _evenly(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, with an ellipsis when cut
+    (the full text is in the checks table and the JSON).
+
+    Example:
+        >>> shorten("8 forward passes on 16 examples", 20)
+        '8 forward passes on…'
+        >>> shorten("short", 20)
+        'short'
+    """
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    space = cut.rfind(" ")
+    if text[limit - 1] != " " and space > limit // 2:  # cut mid-word: back to the last space
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + "…"
+
+
+def module_name(name: Any) -> Any:
+    """A module name as ``named_modules()`` gives it, for a reader: the root module's empty name
+    reads ``(the model itself)``.
+
+    Example:
+        >>> module_name(""), module_name("net.2")
+        ('(the model itself)', 'net.2')
+    """
+    return "(the model itself)" if name == "" else name
+
+
 def _nan_frames(report: Mapping[str, Any]) -> Markup:
     out = []
     for f in report.get("findings", []):
         frames = f.get("evidence", {}).get("frames") if f["code"].startswith("numerics.") else None
         if not frames:
             continue
-        rows = [[fr.get("module", ""), fr.get("max_abs", ""), fr.get("nan", ""), fr.get("inf", ""),
-                 fr.get("inputs_finite", "")] for fr in frames[-_MAX_TABLE_ROWS:]]
-        out.append(Markup("<h2>Frames leading to the first non-finite value (<code>{}</code>, "
-                          "step {}, layer <code>{}</code>)</h2>{}").format(
-            f["code"], f.get("global_step"), f.get("layer"),
+        rows = [[module_name(fr.get("module", "")), fr.get("max_abs", ""), fr.get("nan", ""),
+                 fr.get("inf", ""), fr.get("inputs_finite", "")] for fr in frames[-_MAX_TABLE_ROWS:]]
+        where = [Markup("<code>{}</code>").format(f["code"])]
+        if f.get("global_step") is not None:
+            where.append(Markup("step {}").format(f["global_step"]))
+        if f.get("layer") is not None:  # no "layer `None`" heading when no layer was named
+            where.append(Markup("layer <code>{}</code>").format(module_name(f["layer"])))
+        out.append(Markup("<h2>Frames leading to the first non-finite value ({})</h2>{}").format(
+            _join(where, ", "),
             _table(["module (forward order)", "max |x|", "NaN", "Inf", "inputs finite"], rows)))
     return _join(out)
 
@@ -350,8 +384,8 @@ def _finding(f: Mapping[str, Any]) -> Markup:
         where.append(Markup("step {}").format(f["global_step"]))
     if f.get("epoch") is not None:
         where.append(Markup("epoch {}").format(f["epoch"]))
-    if f.get("layer"):
-        where.append(Markup("layer <code>{}</code>").format(f["layer"]))
+    if f.get("layer") is not None:
+        where.append(Markup("layer <code>{}</code>").format(module_name(f["layer"])))
     where.append(Markup("rank {}").format(f.get("rank", 0)))
     where.append(Markup("check {}").format(f.get("check", "")))
     explained = f.get("explained_by") or []
@@ -367,7 +401,7 @@ def _finding(f: Mapping[str, Any]) -> Markup:
         title=f["title"], where=_join(where, ", "),
         explained=Markup('<p class="muted">Explained by {}: fix that first.</p>').format(
             ", ".join(explained)) if explained else "",
-        message=_md_code(f["message"]), hint=_md_code(f["hint"]), evidence=evidence)
+        message=_md_code(f["message"]), hint=_md_code(trial_hint(f)), evidence=evidence)
 
 
 def _findings(report: Mapping[str, Any]) -> Markup:

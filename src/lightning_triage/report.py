@@ -197,7 +197,9 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
         ...     "change": "every param group's learning rate / 10 (lr 0.1 -> 0.01)",
         ...     "before": {"lr": 0.1, "loss": 4.1, "finite": True, "steps": 30},
         ...     "after": {"lr": 0.01, "loss": 0.62, "finite": True, "steps": 30}, "reason": ""})
-        'confirmed on a copy: lr 0.1 -> 0.01, loss after 30 steps 4.1 -> 0.62'
+        ... # doctest: +NORMALIZE_WHITESPACE
+        "confirmed on a copy: lr 0.1 -> 0.01, loss after replaying the fit's first 30 steps from
+        its start: 4.1 -> 0.62"
         >>> remedy_line("mode.nondeterministic_eval", {"kind": "gate_dropout",
         ...     "verdict": "confirmed", "change": "...", "reason": "",
         ...     "before": {"deterministic": False, "difference": 0.7, "loss": 2.47},
@@ -217,9 +219,12 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
     verdict = remedy.get("verdict")
     if verdict == "skipped":
         return f"remedy not tried: {remedy.get('reason', '')}"
-    if verdict == "inconclusive":
-        return f"remedy inconclusive on a copy: {remedy.get('reason', '')}"
     before, after = remedy.get("before") or {}, remedy.get("after") or {}
+    replayed = (f"replaying the fit's first {before['steps']} steps from its start"
+                if isinstance(before.get("steps"), int) else "")
+    if verdict == "inconclusive":
+        where = f" ({replayed})" if replayed and "deterministic" not in before else ""
+        return f"remedy inconclusive on a copy{where}: {remedy.get('reason', '')}"
     if remedy.get("kind") == "float32_replay":
         return f"{verdict} on a copy: the failing step is finite when replayed in float32"
     if "deterministic" in before:
@@ -232,7 +237,7 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
             text += f"gradients clipped at norm {after['clip']:.3g}, "
     else:
         text += f"{remedy.get('change', '')}, "
-    text += f"loss after {before.get('steps', '?')} steps {_loss_text(before)} -> {_loss_text(after)}"
+    text += (f"loss after {replayed or 'the replay'}: {_loss_text(before)} -> {_loss_text(after)}")
     if verdict == "not confirmed":
         tried = remedy.get("tried") or []
         if tried:
@@ -241,6 +246,37 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
         text += (f"; next candidate: `{nxt}`" if nxt else
                  "; no other candidate in this report")
     return text
+
+
+_HINT_FACTOR = re.compile(r" \((?:\d+-)?\d+x\)| by (?:\d+-)?\d+x")
+
+
+def trial_hint(lead: Mapping[str, Any]) -> str:
+    """A finding's hint as the report shows it: where its learning-rate remedy was confirmed on
+    a copy, the factor the trial measured replaces the registry's generic one, so that the hint
+    and the remedy line agree.
+
+    Example:
+        >>> trial_hint({"hint": "Lower the learning rate (3-10x), add warmup.", "remedy": {
+        ...     "verdict": "confirmed", "before": {"lr": 50.0}, "after": {"lr": 0.5}}})
+        'Lower the learning rate (100x: lr 50 -> 0.5 worked on a copy), add warmup.'
+        >>> trial_hint({"hint": "Raise the learning rate by 10x.", "remedy": None})
+        'Raise the learning rate by 10x.'
+    """
+    hint = str(lead.get("hint", ""))
+    remedy = lead.get("remedy")
+    if not isinstance(remedy, Mapping) or remedy.get("verdict") != "confirmed":
+        return hint
+    given = [(remedy.get(side) or {}).get("lr") for side in ("before", "after")]
+    lrs = [float(v) for v in given if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(lrs) != 2 or not all(math.isfinite(v) and v > 0 for v in lrs) or lrs[0] == lrs[1]:
+        return hint
+    old, new = lrs
+    factor = max(old, new) / min(old, new)
+    times = f"{round(factor):,}x" if abs(factor - round(factor)) < 1e-3 * factor else f"{factor:.3g}x"
+    measured = f"{times}: lr {old:.3g} -> {new:.3g} worked on a copy"
+    shown, n = _HINT_FACTOR.subn(f" ({measured})", hint, count=1)
+    return shown if n else f"{hint} (Measured on a copy: lr {old:.3g} -> {new:.3g}.)"
 
 
 def lead_trial(report: Mapping[str, Any], lead: Mapping[str, Any]) -> str | None:
@@ -319,7 +355,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         lines += [f"## Start here: {_md_span(lead['code'])}", "",
                   _md_text(stage_line(lead['code'])), "",
                   f"**{_md_text(lead['title'])}.** {_md_code(lead['message'])}", "",
-                  f"Next: {_md_code(lead['hint'])}", ""]
+                  f"Next: {_md_code(trial_hint(lead))}", ""]
         trial = lead_trial(report, lead)
         if trial is not None:  # the lead's fix tried on a copy (docs/remedies.md)
             lines += [f"Remedy: {_md_code(trial)}", ""]
@@ -589,7 +625,7 @@ def print_report(report: Mapping[str, Any], console: Any | None = None,
                                     f" {plain(lead['title'])}"))
         console.print(Padding(Text(stage_line(lead["code"]), style="dim"), (0, 0, 0, 2)))
         console.print(Padding(Text(plain(lead["message"], CONSOLE_CHARS)), (0, 0, 0, 2)))
-        console.print(Padding(Text.assemble(("Next: ", "bold"), plain(lead["hint"], CONSOLE_CHARS)),
+        console.print(Padding(Text.assemble(("Next: ", "bold"), plain(trial_hint(lead), CONSOLE_CHARS)),
                               (0, 0, 0, 2)))
         trial = lead_trial(report, lead)
         if trial is not None:  # the lead's fix tried on a copy (docs/remedies.md)

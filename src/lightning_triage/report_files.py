@@ -7,15 +7,15 @@ beside a report come from another run.
   replaced, not followed.
 - The files of one report are moved into place together under a lock on the directory
   (``.triage_report.lock``, :func:`fcntl.flock` where the platform has it; a symlink planted at
-  its name is not followed), so two writers to one directory never leave a mix; each file
-  carries the report's ``run.run_id``.
+  its name is not followed; the holder removes it as it leaves), so two writers to one directory
+  never leave a mix; each file carries the report's ``run.run_id``.
 
 Example:
     >>> import tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp())
     >>> write_files({d / "a.txt": "one", d / "b.txt": "two"})
     >>> (d / "a.txt").read_text(), sorted(p.name for p in d.iterdir())
-    ('one', ['.triage_report.lock', 'a.txt', 'b.txt'])
+    ('one', ['a.txt', 'b.txt'])
 """
 
 from __future__ import annotations
@@ -87,11 +87,25 @@ def directory_lock(directory: Path) -> Iterator[None]:
     if fcntl is None:  # pragma: no cover
         yield
         return
-    fd = _open_lock(directory / LOCK_NAME)
-    try:
+    path = directory / LOCK_NAME
+    while True:
+        fd = _open_lock(path)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        # the holder before us removes the file as it leaves: a lock taken on a removed (or
+        # replaced) file locks nothing, so take it again on the file now at the name
+        try:
+            named = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            named = None
+        held = os.fstat(fd)
+        if named is not None and (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
+            break
+        os.close(fd)
+    try:
         yield
     finally:
+        with contextlib.suppress(OSError):  # no zero-byte lock file left in the user's folder
+            os.unlink(path)
         os.close(fd)  # releases the lock
 
 

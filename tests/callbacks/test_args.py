@@ -82,7 +82,7 @@ BAD: dict[type, dict[str, Any]] = {
                  on_nonfinite="raise", numerics_mode="fast", numerics_check_every_n_steps=0,
                  window_epochs=-1, window_steps=0, watch="yes", on_spike="stop",
                  stochastic_eval="yes", padding_mask_key=KEY, fail_on="fatal", html="yes",
-                 log_findings="yes", verify_remedies="yes"),
+                 log_findings="yes", verify_remedies="yes", warn_findings="yes"),
 }
 CASES = [pytest.param(cls, name, value, id=f"{cls.__name__}.{name}")
          for cls, bad in BAD.items() for name, value in bad.items()]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jsonschema
 import lightning.pytorch as pl
@@ -11,7 +11,7 @@ import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
-from lightning_triage import InitialLossCheck, Triage, TriageReport
+from lightning_triage import InitialLossCheck, Triage, TriageConfigError, TriageReport
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.demo.broken import broken_run
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
@@ -209,14 +209,76 @@ def test_no_report_from_a_process_that_did_not_watch_the_run(tmp_path: Path) -> 
     assert report.report is None
 
 
+def test_a_default_fit_emits_no_warning_per_finding(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Findings reach the console once, ranked, in the summary: a broken run with the defaults
+    emits no `RuntimeWarning` of the package; `warn_findings=True` opts in (once per code);
+    `verbose=False` prints nothing at all."""
+    import warnings
+
+    def fit(triage: Triage) -> list[str]:
+        model, train, val = broken_run("scaled-logits").build()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            make_trainer(tmp_path, [triage]).fit(model, train, val)
+        return [str(w.message) for w in caught
+                if issubclass(w.category, RuntimeWarning) and "lightning-triage" in str(w.message)]
+
+    assert fit(Triage(verify_remedies=False)) == []
+    assert "init.loss_above_chance" in capsys.readouterr().out  # in the summary, once
+    assert fit(Triage(verify_remedies=False, verbose=False)) == []
+    assert capsys.readouterr().out == ""
+    loud = fit(Triage(verify_remedies=False, verbose=False, warn_findings=True))
+    assert sum("init.loss_above_chance" in m for m in loud) == 1, loud
+    with pytest.raises(TriageConfigError, match="warn_findings"):
+        Triage(warn_findings="yes")  # type: ignore[arg-type]
+
+
 def test_a_suspicion_warns_as_a_suspicion_while_the_run_goes_on() -> None:
-    """The warning emitted when a check first sees a suspicion says that the report settles it
-    (a suspicion without a symptom ends as info); other problems warn as they are."""
+    """With `warn_findings`, the warning emitted when a check first sees a suspicion says that
+    the report settles it (a suspicion without a symptom ends as info); other problems warn as
+    they are."""
     from lightning_triage.callbacks.base import TriageCallback
 
     check = TriageCallback()
+    assert not check.warn_findings  # off by default
+    check.warn_findings = True
     with pytest.warns(RuntimeWarning, match=r"data.unnormalized_input \(a suspicion: the report"):
         check.add_finding(None, "data.unnormalized_input", "rms 7.8")
     with pytest.warns(RuntimeWarning) as caught:
         check.add_finding(None, "init.loss_above_chance", "33.9 vs 2.303")
     assert "suspicion" not in str(caught[0].message)
+
+
+def test_a_finding_carries_the_epoch_of_its_step(tmp_path: Path) -> None:
+    """A finding recorded after its epoch ended (at the end of fit, about an earlier step) has
+    its step's epoch, not the epoch current when it was recorded; a validation finding at the
+    end of an epoch keeps that epoch."""
+    from lightning.pytorch.callbacks import Callback
+
+    class Late(TriageCallback):
+        codes = ("triage.check_error",)
+
+        def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            if trainer.current_epoch == 0 and not trainer.sanity_checking:
+                self.add_finding(trainer, "triage.check_error", "val", global_step=trainer.global_step)
+
+        def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            assert trainer.current_epoch == 2  # two epochs done: the epoch now is past the run's
+            self.add_finding(trainer, "triage.check_error", "late, about step 1", global_step=1)
+            self.add_finding(trainer, "triage.check_error", "late, about step 5", global_step=5)
+
+    class Stepped(Callback):  # the steps at which each epoch started, as Lightning counts them
+        starts: ClassVar[list[int]] = []
+
+        def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self.starts.append(trainer.global_step)
+
+    train, val = digits_loaders()
+    report = TriageReport(report_dir=tmp_path, verbose=False, verify_remedies=False)
+    stepped = Stepped()
+    make_trainer(tmp_path, [Late(), report, stepped], max_epochs=2).fit(DigitsMLP(), train, val)
+    assert stepped.starts == [0, 4]
+    epochs = {f["message"]: f["epoch"] for f in read_report(tmp_path)["findings"]
+              if f["code"] == "triage.check_error"}
+    assert epochs == {"val": 0, "late, about step 1": 0, "late, about step 5": 1}

@@ -148,8 +148,9 @@ def test_report_carries_the_block_and_old_reports_stay_valid() -> None:
     with pytest.raises(ValueError, match="verdict"):
         validate_report(bad)
     line = remedy_line("curve.lr_too_low", report["findings"][0]["remedy"])
-    assert line == ("not confirmed on a copy: lr 0.001 -> 0.01, loss after 30 steps 2.3 -> 2.29 "
-                    "(tried x10); no other candidate in this report")
+    assert line == ("not confirmed on a copy: lr 0.001 -> 0.01, loss after replaying the fit's "
+                    "first 30 steps from its start: 2.3 -> 2.29 (tried x10); no other candidate "
+                    "in this report")
     assert "Remedy: not confirmed on a copy: lr 0.001 -> 0.01" in render_markdown(report)
     assert "<b>Remedy:</b> not confirmed on a copy" in render_html(report)
     console = Console(record=True, width=200)
@@ -167,7 +168,54 @@ def test_remedy_lines() -> None:
                       "nonfinite_at_step": 4}
     blew["after"] = {"lr": 0.5, "loss": 0.59, "finite": True, "steps": 13}
     assert remedy_line("curve.diverging", blew) == (
-        "confirmed on a copy: lr 50 -> 0.5, loss after 13 steps non-finite (step 4) -> 0.59")
+        "confirmed on a copy: lr 50 -> 0.5, loss after replaying the fit's first 13 steps from "
+        "its start: non-finite (step 4) -> 0.59")
+    unsure = {**blew, "verdict": "inconclusive", "reason": "why"}
+    assert remedy_line("curve.diverging", unsure) == (
+        "remedy inconclusive on a copy (replaying the fit's first 13 steps from its start): why")
+
+
+def test_the_hint_uses_the_factor_the_trial_measured() -> None:
+    """Under "Start here", the hint and the remedy line agree: a confirmed learning-rate trial's
+    factor replaces the registry's generic one (console, Markdown, HTML); without a confirmed
+    trial the hint is the registry's."""
+    run = broken_report()["run"]
+    f = Finding.create("curve.diverging", "the loss became inf", check="T", global_step=12)
+    assert "(3-10x)" in f.hint
+    block = _block("confirmed")
+    block["before"] = {"lr": 50.0, "loss": None, "finite": False, "steps": 13,
+                       "nonfinite_at_step": 12}
+    block["after"] = {"lr": 0.5, "loss": 0.59, "finite": True, "steps": 13}
+    report = build_report([with_remedy(f, block)], status="completed", run=run)
+    measured = "Lower the learning rate (100x: lr 50 -> 0.5 worked on a copy), add warmup"
+    console = Console(record=True, width=200)
+    print_report(report, console=console)
+    for shown in (console.export_text(), render_markdown(report),
+                  render_html(report).replace("&gt;", ">")):
+        assert measured in shown and "3-10x" not in shown
+    for verdict in ("not confirmed", "inconclusive"):
+        report = build_report([with_remedy(f, {**block, "verdict": verdict})], status="completed",
+                              run=run)
+        assert "(3-10x)" in render_markdown(report) and measured not in render_markdown(report)
+    low = Finding.create("curve.lr_too_low", "flat", check="T", global_step=0)
+    up = {**block, "before": {"lr": 1e-6, "steps": 30, "loss": 2.3, "finite": True},
+          "after": {"lr": 1e-3, "steps": 30, "loss": 0.5, "finite": True}}
+    assert "Raise the learning rate (1,000x: lr 1e-06 -> 0.001 worked on a copy)" in render_markdown(
+        build_report([with_remedy(low, up)], status="completed", run=run))
+
+
+def test_a_zero_grad_remedy_whose_loss_rises_says_why() -> None:
+    """Stale gradients speed up a short replay: the zeroed replay ending higher is expected, and
+    the trial's reason says so (docs/remedies.md), instead of reading as a fix that hurts."""
+    start = [2.3] * 3
+    as_is, zeroed = Replay([2.0] * 30, [0.57, 0.58, 0.56]), Replay([2.2] * 30, [1.3, 1.32, 1.33])
+    decision = decide_remedy("zero_grads", start, as_is, [("zeroed", zeroed)],
+                             symptom=(True, "the as-is replay kept stale gradients"))
+    assert decision.verdict == "inconclusive"
+    assert "higher, as expected over a short replay" in decision.reason
+    lower = decide_remedy("zero_grads", start, as_is, [("zeroed", Replay([2.0] * 30, [0.57] * 3))],
+                          symptom=(True, "stale"))
+    assert "as expected" not in lower.reason  # not higher: nothing to explain
 
 
 def test_the_html_plots_the_replays_before_and_after() -> None:
@@ -182,7 +230,8 @@ def test_the_html_plots_the_replays_before_and_after() -> None:
     report = build_report([with_remedy(f, block)], status="completed", run=run)
     validate_report(report)
     assert remedy_line(f.code, block) == ("confirmed on a copy: the main input standardized per "
-                                          "channel, loss after 30 steps 2.3 -> 0.2")
+                                          "channel, loss after replaying the fit's first 30 steps "
+                                          "from its start: 2.3 -> 0.2")
     page = render_html(report)
     caption = "The lead&#39;s fix tried on a copy"
     assert caption in page

@@ -28,6 +28,7 @@ from torch.nn.parameter import is_lazy
 
 from lightning_triage._compat import grad_scaler, is_overridden
 from lightning_triage.callbacks._mode_remedy import CHANGES as MODE_CHANGES
+from lightning_triage.callbacks._progress import progress
 from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.findings import Finding, sort_findings
 from lightning_triage.functional.batch import locate_batch
@@ -477,7 +478,8 @@ def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Reme
     started = time.perf_counter()
     recorder.trials += 1
     try:
-        with probe_module(trainer, pl_module, trainer.optimizers, factor=3.0) as probe, \
+        with progress(trainer, "trying the lead's fix on a copy", budget, CHANGES[kind]), \
+                probe_module(trainer, pl_module, trainer.optimizers, factor=3.0) as probe, \
                 _no_warnings():
             if not probe.copied:
                 return {**block, "reason": f"no copy of the model ({probe.how})"}

@@ -91,6 +91,10 @@ class TriageCallback(Callback):
         self.detail = ""
         self._idle = False
         self._warned: set[str] = set()
+        #: Also emit a Python ``RuntimeWarning`` the first time each problem code is found
+        #: (off by default: findings reach the user once, ranked, in the report's summary;
+        #: ``Triage(warn_findings=True)`` turns it on for every bundled check).
+        self.warn_findings = False
         self._handles: list[RemovableHandle] = []
         self._in_setup = False  # inside `setup` (see `_starting_fit`)
         #: Called with ``(trainer, finding)`` for each new finding (set by :class:`TriageReport`
@@ -169,7 +173,8 @@ class TriageCallback(Callback):
         global_step: int | None = None,
         epoch: int | None = None,
     ) -> Finding:
-        """Record a finding (step, epoch and rank default to the trainer's) and warn once per code."""
+        """Record a finding (step, epoch and rank default to the trainer's); with
+        :attr:`warn_findings`, also warn once per problem code."""
         if trainer is not None:
             global_step = trainer.global_step if global_step is None else global_step
             epoch = trainer.current_epoch if epoch is None else epoch
@@ -196,7 +201,8 @@ class TriageCallback(Callback):
             except Exception:  # logging a finding is never a reason to break the run
                 if self.strict:
                     raise
-        if finding.is_problem and code not in self._warned:
+        if getattr(self, "warn_findings", False) and finding.is_problem \
+                and code not in self._warned:
             self._warned.add(code)
             # a suspicion is a warning only if the run shows the trouble: the report settles it
             kind = " (a suspicion: the report says whether the run confirms it)" \

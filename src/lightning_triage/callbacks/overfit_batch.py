@@ -24,6 +24,7 @@ from lightning_triage._compat import (
     training_step_args,
 )
 from lightning_triage.callbacks._args import BundleArg, check_batch_keys, check_int, check_number, passes
+from lightning_triage.callbacks._progress import progress
 from lightning_triage.callbacks._shared import sharded_strategy, validate_task
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, split_batch
@@ -290,7 +291,8 @@ class OverfitBatchCheck(TriageCallback):
         start = time.perf_counter()
         try:
             # the copy, its gradients and a fresh optimizer state of up to two moments
-            with probe_module(trainer, pl_module, trainer.optimizers, factor=4.0) as probe:
+            with progress(trainer, "overfit probe on a copy", self.time_budget), \
+                    probe_module(trainer, pl_module, trainer.optimizers, factor=4.0) as probe:
                 run.isolation = probe.how
                 self._probe(trainer, probe, small, run)
         except ProbeUnavailableError as exc:

@@ -24,7 +24,7 @@ from typing_extensions import override
 from lightning_triage.callbacks._args import check_bool, check_choice, fail
 from lightning_triage.callbacks._remedy import RemedyRecorder, verify_lead
 from lightning_triage.callbacks.base import TriageCallback, collect_checks
-from lightning_triage.findings import SEVERITIES, Finding, _jsonable
+from lightning_triage.findings import SEVERITIES, Finding, _jsonable, epoch_of_step
 from lightning_triage.ranking import settle_suspicions
 from lightning_triage.report import (
     FailOn,
@@ -262,6 +262,8 @@ class TriageReport(Callback):
         #: own error while building it
         self._gate_findings: list[Finding] | None = None
         self._build_error: Finding | None = None
+        #: ``(global_step, epoch)`` at each training epoch's start: a finding's epoch is its step's
+        self._epoch_starts: list[tuple[int, int]] = []
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -289,9 +291,14 @@ class TriageReport(Callback):
         self.paths = []
         self._gate_findings = None
         self._build_error = None
+        self._epoch_starts = []
         listener = self._on_finding if self.log_findings else None
         for check in collect_checks(trainer.callbacks):  # type: ignore[attr-defined]
             check.finding_listener = listener
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_starts.append((int(trainer.global_step), int(trainer.current_epoch)))
 
     @property
     def idle(self) -> bool:
@@ -367,7 +374,8 @@ class TriageReport(Callback):
             list[TriageCallback], list[Finding]]:
         """The checks and the findings they hold (every rank's, gathered, when ``gather``)."""
         checks: list[TriageCallback] = collect_checks(trainer.callbacks)  # type: ignore[attr-defined]
-        findings = [f for check in checks for f in check.findings]
+        starts = getattr(self, "_epoch_starts", [])
+        findings = [epoch_of_step(f, starts) for check in checks for f in check.findings]
         if gather and trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             gathered: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, [f.to_dict() for f in findings])

@@ -25,6 +25,7 @@ from lightning_triage.callbacks._args import (
     passes,
 )
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
+from lightning_triage.callbacks._progress import progress
 from lightning_triage.callbacks.base import guarded
 from lightning_triage.functional import structure_rules as rules
 from lightning_triage.functional.batch import BatchKey, locate_batch, split_batch
@@ -198,7 +199,8 @@ class StructureProbe(ProbeCallback):
         start = time.perf_counter()
         self._slot = 0
         try:
-            self._probe(trainer, pl_module, batch)
+            with progress(trainer, "structure probes on copies", self.time_budget):
+                self._probe(trainer, pl_module, batch)
         except UserCodeError as err:
             self.results.pop("head", None)
             self._skipped(trainer, f"the model raised {err.describe()} when run on a copy of the "

@@ -50,7 +50,11 @@ class Triage(Callback):
             next-token prediction (targets are the inputs shifted by one position); ``False``:
             never run it.
         strict: raise internal errors of checks instead of disabling them (for tests).
-        verbose: print the report summary at the end of fit.
+        verbose: print the report summary at the end of fit (``False``: nothing is printed;
+            the report files are still written).
+        warn_findings: also emit a Python ``RuntimeWarning`` the first time each problem code
+            is found, as it is found (off by default: each finding reaches the console once,
+            ranked, in the summary at the end of fit).
         input_key: where the inputs are in a batch the checks cannot read by themselves: a key
             or attribute name, an index, or a callable ``batch -> tensor`` (passed to every check
             that reads the batch).
@@ -121,6 +125,7 @@ class Triage(Callback):
         causal: bool | None = None,
         strict: bool = False,
         verbose: bool = True,
+        warn_findings: bool = False,
         input_key: BatchKey | None = None,
         target_key: BatchKey | None = None,
         overfit: bool = True,
@@ -147,12 +152,14 @@ class Triage(Callback):
         validate_task(task, num_classes)
         check_bool("overfit", overfit)
         check_bool("verify_remedies", verify_remedies)
+        check_bool("warn_findings", warn_findings)
         self.report_dir = None if report_dir is None else str(report_dir)
         self.task = task
         self.num_classes = num_classes
         self.causal = causal
         self.strict = strict
         self.verbose = verbose
+        self.warn_findings = warn_findings
         self.overfit = overfit
         self.overfit_batch_size = overfit_batch_size
         self.overfit_max_steps = overfit_max_steps
@@ -170,6 +177,8 @@ class Triage(Callback):
         self.target_key = target_key
         self.padding_mask_key = padding_mask_key
         self.checks: list[TriageCallback] = build_checks(args)
+        for check in self.checks:
+            check.warn_findings = warn_findings
         self.fail_on = fail_on
         self.html = html
         self.log_findings = log_findings

@@ -1,6 +1,9 @@
 """scikit-learn's digits data (8x8 images, 10 classes) and a small MLP: the demo's material.
 
-Needs the ``demo`` extra (``pip install "lightning-triage[demo]"``).
+``DigitsClassifier`` and ``DigitsDataModule`` stand for your own model and data in the quick
+start and the docs' snippets (``from lightning_triage.demo.digits import DigitsClassifier,
+DigitsDataModule``: shipped in the package, so the snippets run from an installed wheel).
+Needs the ``demo`` extra (scikit-learn).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def load_digits_tensors(standardize: bool = True, val_fraction: float = 0.2,
         from sklearn.datasets import load_digits
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
         raise ModuleNotFoundError(
-            "The digits data needs scikit-learn: pip install 'lightning-triage[demo]'"
+            "The digits data needs scikit-learn: pip install scikit-learn (the `demo` extra)"
         ) from exc
     data = load_digits()
     x = torch.tensor(data.data, dtype=torch.float32)
@@ -89,3 +92,80 @@ class DigitsMLP(pl.LightningModule):
         if self.optimizer == "adam":
             return torch.optim.Adam(self.parameters(), lr=self.lr)
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class DigitsDataModule(pl.LightningDataModule):
+    """Digits, standardized with the training split's statistics, split into train and val.
+
+    Each pixel is centred by its training mean and divided by its training std, with the std
+    floored at 1 (one of the 0-16 intensity levels), so that pixels the training split (nearly)
+    never inks stay small in validation images that do ink them.
+
+    Args:
+        batch_size: training batch size.
+        val_fraction: the share of the examples held out for validation.
+        seed: seeds the split and the shuffling.
+    """
+
+    def __init__(self, batch_size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.val_fraction = val_fraction
+        self.seed = seed
+
+    def setup(self, stage: str) -> None:
+        try:
+            from sklearn.datasets import load_digits  # the `demo` extra: scikit-learn
+        except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+            raise ModuleNotFoundError(
+                "The digits data needs scikit-learn: pip install scikit-learn (the `demo` extra)"
+            ) from exc
+        data = load_digits()
+        x = torch.tensor(data.data, dtype=torch.float32)
+        y = torch.tensor(data.target, dtype=torch.long)
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(self.seed))
+        n_val = int(len(x) * self.val_fraction)
+        val, train = order[:n_val], order[n_val:]
+        # Scale by the training std, but never up by more than one intensity level (pixels are
+        # integers 0-16): a pixel that is (almost) always 0 in training is centred, not blown
+        # up; with a tiny std floor, the few validation images that ink it would read ~1e6
+        mean, std = x[train].mean(0), x[train].std(0).clamp_min(1.0)
+        self.train_set = TensorDataset((x[train] - mean) / std, y[train])
+        self.val_set = TensorDataset((x[val] - mean) / std, y[val])
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True,
+                          generator=torch.Generator().manual_seed(self.seed))
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=256)
+
+
+class DigitsClassifier(pl.LightningModule):
+    """A 64-32-10 MLP trained with SGD and cross-entropy: the quick start's model.
+
+    Args:
+        lr: learning rate.
+        hidden: hidden width.
+    """
+
+    def __init__(self, lr: float = 0.1, hidden: int = 32) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams["lr"])

@@ -382,11 +382,24 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
     if not remedied:
         return RemedyDecision("inconclusive", f"{what}; no remedied replay ran", None, tried)
     if kind in DIRECT_KINDS:
-        return RemedyDecision("inconclusive", f"{what}; " + "; ".join(reasons) + ". The finding "
-                              "is a fact observed on the copy, not a reading of the curve: a "
-                              f"replay of {len(as_is.steps)} steps that does not end lower does "
+        last = remedied[-1][1]
+        rose = as_is.finite and last.finite and last.end_loss > as_is.end_loss
+        why_rose = f"; {RISES_BECAUSE[kind]}" if rose and kind in RISES_BECAUSE else ""
+        return RemedyDecision("inconclusive", f"{what}; " + "; ".join(reasons) + f"{why_rose}. The "
+                              "finding is a fact observed on the copy, not a reading of the curve: "
+                              f"a replay of {len(as_is.steps)} steps that does not end lower does "
                               "not refute it", None, tried)
     return RemedyDecision("not confirmed", f"{what}; " + "; ".join(reasons), None, tried)
+
+
+#: Why a direct remedy's short replay may end *higher* than the as-is one although the finding
+#: is real (docs/remedies.md, "Direct findings are not refuted by a short replay"): said in the
+#: trial's reason, so that a rising loss does not read as a fix that makes things worse.
+RISES_BECAUSE: dict[str, str] = {
+    "zero_grads": "higher, as expected over a short replay: gradients never zeroed add up like "
+                  "momentum without decay, so the first steps run faster as is; the harm, an "
+                  "unstable curve, comes later",
+}
 
 
 def _factor(kind: RemedyKind, factor: float | str) -> str:
@@ -487,6 +500,7 @@ __all__ = [
     "EXPERIMENT_KINDS",
     "LR_KINDS",
     "REMEDY_VERDICTS",
+    "RISES_BECAUSE",
     "EvalPasses",
     "RemedyDecision",
     "RemedyThresholds",
