@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +101,78 @@ def set_rng_state(state: RngState) -> None:
         torch.cuda.set_rng_state_all(state.cuda)
     np.random.set_state(state.numpy)
     random.setstate(state.python)
+
+
+# ---------------------------------------------------------------------- the trainer's state
+#: Attributes of the trainer's loops that a step can write (``self.trainer.fit_loop.max_epochs``).
+_LOOP_ATTRIBUTES = (("fit_loop", ("max_epochs", "min_epochs", "max_batches")),
+                    ("fit_loop.epoch_loop", ("max_steps", "min_steps")))
+
+
+def _resolve(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+@contextmanager
+def trainer_state(trainer: pl.Trainer | None) -> Iterator[None]:
+    """Put back what the user's ``training_step``/``validation_step`` run by a probe can write
+    on the shared trainer: every public plain attribute (``should_stop``, ``limit_*_batches``,
+    ``val_check_interval``, ``accumulate_grad_batches``, ``gradient_clip_val`` ...), the
+    stopping limits of the fit loop, the trainer's ``state``, the ``callbacks`` list and the
+    ``callback_metrics`` dict (same objects, contents put back).
+
+    Example:
+        >>> trainer = pl.Trainer(logger=False, enable_progress_bar=False)
+        >>> with trainer_state(trainer):
+        ...     trainer.should_stop = True
+        ...     trainer.limit_val_batches = 0
+        >>> trainer.should_stop, trainer.limit_val_batches
+        (False, 1.0)
+    """
+    if trainer is None:
+        yield
+        return
+    plain = (bool, int, float, str, type(None))
+    attrs = {k: v for k, v in vars(trainer).items()
+             if not k.startswith("_") and isinstance(v, plain)}
+    loops = [(owner, name, getattr(owner, name))
+             for path, names in _LOOP_ATTRIBUTES
+             if (owner := _resolve(trainer, path)) is not None
+             for name in names if isinstance(getattr(owner, name, None), plain)]
+    state = getattr(trainer, "state", None)
+    state_items = dict(vars(state)) if state is not None and hasattr(state, "__dict__") else {}
+    callbacks = getattr(trainer, "callbacks", None)
+    saved_callbacks = list(callbacks) if isinstance(callbacks, list) else None
+    metrics: Any = None
+    saved_metrics: dict[str, Any] = {}
+    with suppress(Exception):
+        metrics = trainer.callback_metrics
+        saved_metrics = dict(metrics)
+    try:
+        yield
+    finally:
+        for key in [k for k in vars(trainer) if not k.startswith("_") and k not in attrs
+                    and isinstance(vars(trainer)[k], plain)]:
+            with suppress(Exception):
+                delattr(trainer, key)  # created by the user's step
+        for key, value in attrs.items():
+            with suppress(Exception):
+                setattr(trainer, key, value)
+        for owner, name, value in loops:
+            with suppress(Exception):
+                setattr(owner, name, value)
+        for key, value in state_items.items():
+            with suppress(Exception):
+                setattr(state, key, value)
+        if saved_callbacks is not None and isinstance(callbacks, list):
+            callbacks[:] = saved_callbacks
+            with suppress(Exception):
+                trainer.callbacks = callbacks
+        if isinstance(metrics, dict):
+            metrics.clear()
+            metrics.update(saved_metrics)
 
 
 # ---------------------------------------------------------------------- quiet loggers
