@@ -169,7 +169,7 @@ def trainer_state(trainer: pl.Trainer | None) -> Iterator[None]:
         if saved_callbacks is not None and isinstance(callbacks, list):
             callbacks[:] = saved_callbacks
             with suppress(Exception):
-                trainer.callbacks = callbacks
+                trainer.__dict__["callbacks"] = callbacks
         if isinstance(metrics, dict):
             metrics.clear()
             metrics.update(saved_metrics)
