@@ -479,15 +479,36 @@ def parse_report(text: str | bytes, source: Any = None) -> dict[str, Any]:
 
 def load_report(source: str | Path) -> dict[str, Any]:
     """Read a saved report: a JSON file, or a directory holding ``triage_report.json`` (directly
-    or below it: the most recent one); validated against :data:`REPORT_SCHEMA`.
+    or below it: the most recent one); validated against :data:`REPORT_SCHEMA`. At most
+    :data:`MAX_REPORT_BYTES` (64 MiB) are read.
 
     Raises:
         FileNotFoundError: no report there.
-        TriageReportError: the file is not a valid lightning-triage report (a ``ValueError``;
-            the message is one line).
+        TriageReportError: the file is not a valid lightning-triage report, or larger than
+            :data:`MAX_REPORT_BYTES` (a ``ValueError``; the message is one line).
     """
     path = find_report(source)
-    return parse_report(path.read_bytes(), path)
+    return parse_report(read_bounded(path), path)
+
+
+#: The most bytes :func:`load_report` reads: a report's series and lists are bounded, so a
+#: real one is a few MiB at most; a larger file is refused, never read whole.
+MAX_REPORT_BYTES = 64 * 2**20
+
+
+def read_bounded(path: Path, limit: int = MAX_REPORT_BYTES) -> bytes:
+    """The bytes of ``path``, at most ``limit`` of them.
+
+    Raises:
+        TriageReportError: the file holds more than ``limit`` bytes (one line).
+    """
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise TriageReportError(f"{one_line(str(path))}: larger than {limit // 2**20} MiB, "
+                                "the most a lightning-triage report is read (not a report of "
+                                "this tool?)")
+    return data
 
 
 def find_report(source: str | Path) -> Path:

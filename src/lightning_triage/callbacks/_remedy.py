@@ -596,9 +596,12 @@ def _other_settings(trainer: pl.Trainer) -> str:
 
 
 def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: RemedyRecorder,
-                findings: Sequence[Finding], *, strict: bool = False) -> list[Finding]:
+                findings: Sequence[Finding], *, strict: bool = False,
+                before_trial: Callable[[], None] | None = None) -> list[Finding]:
     """``findings`` with the lead's ``remedy`` block set when its code declares a verifiable
-    remedy (no lead, or a lead without one: ``findings`` unchanged and nothing runs)."""
+    remedy (no lead, or a lead without one: ``findings`` unchanged and nothing runs);
+    ``before_trial`` is called just before a replayed trial starts (the report is written
+    first)."""
     findings = list(findings)
     settled = explain_findings(settle_suspicions(findings))
     lead_code = start_here(settled)
@@ -616,6 +619,8 @@ def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Re
         findings[index] = replace(findings[index], evidence={
             k: v for k, v in findings[index].evidence.items() if k != "remedy_trial"})
     elif kind in EXPERIMENT_KINDS:
+        if before_trial is not None:
+            before_trial()
         try:
             block = run_trial(trainer, pl_module, recorder, kind, evidence=lead.evidence)
         except Exception as exc:  # the user's code failed in the replay: the run is unaffected
