@@ -496,18 +496,19 @@ def load_report(source: str | Path) -> dict[str, Any]:
 MAX_REPORT_BYTES = 64 * 2**20
 
 
-def read_bounded(path: Path, limit: int = MAX_REPORT_BYTES) -> bytes:
-    """The bytes of ``path``, at most ``limit`` of them.
+def read_bounded(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of ``path``, at most ``limit`` of them (default :data:`MAX_REPORT_BYTES`).
 
     Raises:
         TriageReportError: the file holds more than ``limit`` bytes (one line).
     """
+    limit = MAX_REPORT_BYTES if limit is None else limit
     with open(path, "rb") as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
-        raise TriageReportError(f"{one_line(str(path))}: larger than {limit // 2**20} MiB, "
-                                "the most a lightning-triage report is read (not a report of "
-                                "this tool?)")
+        raise TriageReportError(f"{one_line(str(path))}: larger than {limit} bytes, the most "
+                                "lightning-triage reads of a report (not a report of this "
+                                "tool?)")
     return data
 
 
