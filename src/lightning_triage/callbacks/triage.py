@@ -81,8 +81,9 @@ class Triage(Callback):
             (:class:`PaddingProbe`) when it cannot find the mask by name.
         fail_on: ``"error"``, ``"warning"`` or ``"info"``: a CI gate, raising
             :class:`~lightning_triage.report.TriageGateError` at the end of fit (after the report
-            is written) when findings at that severity or worse were found; ``"none"`` or
-            ``None``: never (as ``--fail-on none`` on the command line).
+            is written) when findings at that severity or worse were found; an interrupted
+            fit fails it too (exit 1, also under SIGTERM); ``"none"`` or ``None``: never (as
+            ``--fail-on none`` on the command line).
         html: also write the self-contained ``triage_report.html``.
         log_findings: send findings and the summary to the trainer's loggers as they happen
             (``triage/findings_<severity>`` counts; text on TensorBoard).
