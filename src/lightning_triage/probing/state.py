@@ -19,6 +19,8 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_triage._compat import loop_limits
+
 #: Objects a module may hold that are shared with the probe's copy, never copied.
 _SHARED_TYPES: tuple[type, ...] = (pl.Trainer, Logger, Callback, pl.LightningDataModule,
                                    DataLoader, Dataset, Optimizer)
@@ -104,17 +106,6 @@ def set_rng_state(state: RngState) -> None:
 
 
 # ---------------------------------------------------------------------- the trainer's state
-#: Attributes of the trainer's loops that a step can write (``self.trainer.fit_loop.max_epochs``).
-_LOOP_ATTRIBUTES = (("fit_loop", ("max_epochs", "min_epochs", "max_batches")),
-                    ("fit_loop.epoch_loop", ("max_steps", "min_steps")))
-
-
-def _resolve(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-    return obj
-
-
 @contextmanager
 def trainer_state(trainer: pl.Trainer | None) -> Iterator[None]:
     """Put back what the user's ``training_step``/``validation_step`` run by a probe can write
@@ -137,10 +128,7 @@ def trainer_state(trainer: pl.Trainer | None) -> Iterator[None]:
     plain = (bool, int, float, str, type(None))
     attrs = {k: v for k, v in vars(trainer).items()
              if not k.startswith("_") and isinstance(v, plain)}
-    loops = [(owner, name, getattr(owner, name))
-             for path, names in _LOOP_ATTRIBUTES
-             if (owner := _resolve(trainer, path)) is not None
-             for name in names if isinstance(getattr(owner, name, None), plain)]
+    loops = loop_limits(trainer)
     state = getattr(trainer, "state", None)
     state_items = dict(vars(state)) if state is not None and hasattr(state, "__dict__") else {}
     callbacks = getattr(trainer, "callbacks", None)
@@ -153,10 +141,6 @@ def trainer_state(trainer: pl.Trainer | None) -> Iterator[None]:
     try:
         yield
     finally:
-        for key in [k for k in vars(trainer) if not k.startswith("_") and k not in attrs
-                    and isinstance(vars(trainer)[k], plain)]:
-            with suppress(Exception):
-                delattr(trainer, key)  # created by the user's step
         for key, value in attrs.items():
             with suppress(Exception):
                 setattr(trainer, key, value)
