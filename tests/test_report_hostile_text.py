@@ -129,8 +129,8 @@ def test_plots_draw_a_bounded_number_of_marks(monkeypatch: pytest.MonkeyPatch) -
     base = report["findings"][0]
     report["findings"] = [*report["findings"],
                           *({**base, "code": "grad.spike", "severity": "warning",
-                             "global_step": i} for i in range(3000)),
+                             "global_step": i} for i in range(400)),
                           *({**base, "code": f"data.code_{i}", "severity": "error",
-                             "global_step": 5} for i in range(3000))]
+                             "global_step": 5} for i in range(400))]
     render_html(report)
     assert drawn and len(drawn) <= plots.MAX_MARKS + 12  # the spikes, the loss plot's steps

@@ -32,20 +32,26 @@ class SlowStep(DigitsMLP):
 def test_a_trial_that_cannot_finish_does_not_start(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_remedy, "TIME_FLOOR_S", 0.5)  # the budget of a short fit: 0.25 x its time
-    pl.seed_everything(0, verbose=False)
-    triage = Triage(report_dir=tmp_path, verbose=False, overfit=False)
-    trainer = pl.Trainer(callbacks=[triage], max_epochs=2, limit_train_batches=12,
-                         limit_val_batches=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=tmp_path, num_sanity_val_steps=0)
-    train, val = digits_loaders()
-    trainer.fit(SlowStep(), train, val)
-    report = triage.report.report
+    states = []
+    bundle = Triage(report_dir=tmp_path, verbose=False, overfit=False)
+    for triage in (bundle, None):
+        pl.seed_everything(0, verbose=False)
+        trainer = pl.Trainer(callbacks=[triage] if triage else [], max_epochs=2,
+                             limit_train_batches=12, limit_val_batches=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, default_root_dir=tmp_path,
+                             num_sanity_val_steps=0)
+        train, val = digits_loaders()
+        model = SlowStep()
+        trainer.fit(model, train, val)
+        states.append(model.state_dict())
+    assert all(v.equal(states[1][k]) for k, v in states[0].items())  # the run is the same
+    report = bundle.report.report
     assert report is not None
     blocks = [f["remedy"] for f in report["findings"] if "remedy" in f]
     assert blocks and blocks[0]["verdict"] == "skipped", blocks
     assert "would need about" in blocks[0]["reason"] and "ms per step" in blocks[0]["reason"]
-    assert triage.report.remedies.trials == 0 and triage.report.remedies.seconds == 0.0
+    assert bundle.report.remedies.trials == 0 and bundle.report.remedies.seconds == 0.0
 
 
 def test_step_seconds_is_the_median_gap() -> None:
