@@ -12,8 +12,14 @@ EVIL = ("<script>document.title='PWNED'</script><img src=x onerror=alert(1)> [bo
         "[link](javascript:alert(1)) &amp; ~~s~~ \x00end")
 
 
-def hostile_report() -> dict[str, Any]:
-    """The broken sample run with hostile text in every free-form string and key."""
+#: :data:`EVIL` with what else a run's objects can be named: bidi overrides and isolates,
+#: zero-width characters, C1 controls, a lone surrogate (an undecodable file name's byte).
+EVIL_ALL = EVIL + " \u202eevil\u2066x\u200by\ufeff\x85\x9b31m caf\udce9"
+
+
+def hostile_report(text: str = EVIL) -> dict[str, Any]:
+    """The broken sample run with hostile ``text`` in every free-form string and key."""
+    EVIL = text  # the same name as the module default, for the lines below
     report = broken_report()
     run = report["run"]
     for key in ("model", "strategy", "precision", "lightning", "torch"):

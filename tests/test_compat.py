@@ -35,6 +35,7 @@ from lightning_triage._compat import (
     grad_scaler,
     hook_takes,
     is_overridden,
+    loop_limits,
     metric_state,
     set_metric_state,
     share_trainer,
@@ -341,6 +342,14 @@ def test_metric_state_holds_the_private_counters() -> None:
 def test_metric_state_fallback_leaves_missing_names_out() -> None:
     bare = SimpleNamespace(metric_state={"total": 1}, _update_count=3)
     assert metric_state(bare) == {"total": 1, "_update_count": 3}
+
+
+def test_loop_limits_are_the_fit_loops() -> None:
+    trainer = quiet_trainer(max_epochs=3, max_steps=7)
+    found = {name: value for _, name, value in loop_limits(trainer)}
+    assert found["max_epochs"] == 3 and found["max_steps"] == 7  # the fast path
+    assert {"min_epochs", "max_batches", "min_steps"} <= set(found)
+    assert loop_limits(SimpleNamespace()) == []  # another layout: nothing to put back
 
 
 # ---------------------------------------------------------------------- the scan

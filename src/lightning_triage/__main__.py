@@ -10,10 +10,12 @@
 
 Exit codes: 0 clean; 1 the report (for ``diff``: B, the newer run; for ``demo``: a scenario
 not caught) holds findings at or above ``--fail-on`` (default ``error``; ``none``: never 1),
-also for ``html``, after it wrote the page;
+or is the report of an interrupted run (status ``interrupted``: it may miss what the rest of
+the run would have found), also for ``html``, after it wrote the page;
 2 the command could not do its work: bad arguments, no report there, a file that is not a valid
-lightning-triage report (one line on stderr says what is wrong), an output that cannot be
-written. ``show``, ``html`` and ``diff`` import neither torch nor Lightning.
+lightning-triage report or is larger than 64 MiB (one line on stderr says what is wrong), an
+output that cannot be written, any unexpected error (one line, never a traceback).
+``show``, ``html`` and ``diff`` import neither torch nor Lightning.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def _exit(report: Mapping[str, Any], fail_on: str) -> int:
 
     if fail_on == "none":
         return 0
+    if report.get("status") == "interrupted":  # a gated run that did not end fails the gate
+        return 1
     return 1 if problems_at(report, fail_on) else 0  # type: ignore[arg-type]
 
 
@@ -271,6 +275,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, OSError, RecursionError, KeyError, TypeError) as exc:
             # a report the validator let through but a command could not use: still one line
             _fail(parser, f"cannot use the report: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # anything else (MemoryError ...): 2 and one line, never 1
+            _fail(parser, f"unexpected error: {type(exc).__name__}: {exc}")
+    try:
+        return _demo(args, parser)
+    except Exception as exc:  # the demo's training failed: 2 and one line, never 1
+        _fail(parser, f"unexpected error: {type(exc).__name__}: {exc}")
+
+
+def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.command == "demo":
         from lightning_triage.demo import SCENARIOS, run_demo
 

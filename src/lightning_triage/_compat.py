@@ -268,3 +268,22 @@ def forget_lightning_compile(module: Any) -> None:
     if isinstance(vars(module).get("_compiler_ctx"), dict):
         module.__dict__["_compiler_ctx"] = None
 
+
+# ---------------------------------------------------------------------- the loops' limits
+def loop_limits(trainer: Any) -> list[tuple[Any, str, Any]]:
+    """``(owner, name, value)`` of the stopping limits a user's step can write on the trainer's
+    loops (``self.trainer.fit_loop.max_epochs = 1``), for a probe to put back.
+
+    Written against Lightning 2.6.6: ``trainer.fit_loop`` (``max_epochs``, ``min_epochs``,
+    ``max_batches``) and ``trainer.fit_loop.epoch_loop`` (``max_steps``, ``min_steps``), plain
+    values. Fallback (another layout): the limits that are found; none when there is no fit
+    loop.
+    """
+    fit_loop = getattr(trainer, "fit_loop", None)
+    epoch_loop = getattr(fit_loop, "epoch_loop", None)
+    plain = (bool, int, float, str, type(None))
+    return [(owner, name, getattr(owner, name))
+            for owner, names in ((fit_loop, ("max_epochs", "min_epochs", "max_batches")),
+                                 (epoch_loop, ("max_steps", "min_steps")))
+            if owner is not None
+            for name in names if isinstance(getattr(owner, name, None), plain)]

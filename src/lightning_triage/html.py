@@ -44,6 +44,8 @@ from lightning_triage.plots import loss_plot as _loss_plot
 from lightning_triage.plots import remedy_plot as _remedy_plot
 from lightning_triage.plots import remedy_trial as _remedy_trial
 from lightning_triage.report import lead_trial, trial_hint
+from lightning_triage.report_files import marker_id
+from lightning_triage.report_safe import visible
 
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
                  "error": "#8e44ad", "not run": "#7f8c8d"}
@@ -447,6 +449,10 @@ def render_html(report: Mapping[str, Any], *, plots: bool = True) -> str:
         plots: draw the plots (needs matplotlib; without it, or with ``False``, the data is
             shown as tables).
     """
+    run_id = report.get("run", {}).get("run_id")
+    marker = Markup('<meta name="lightning-triage-run-id" content="{}">').format(
+        marker_id(run_id)) if isinstance(run_id, str) and run_id else ""
+    report = visible(report)  # no control, bidi or surrogate character reaches the page
     run = report.get("run", {})
     body = _join([
         _section(_header, report),
@@ -459,15 +465,13 @@ def render_html(report: Mapping[str, Any], *, plots: bool = True) -> str:
         Markup("<h2>Checks</h2>"), _section(_checks, report),
         Markup("<h2>Run</h2>"), _section(_run, report),
     ])
-    run_id = Markup('<meta name="lightning-triage-run-id" content="{}">').format(
-        run["run_id"]) if run.get("run_id") else ""
     return str(Markup(
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta http-equiv="Content-Security-Policy" content="{csp}">{run_id}'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         "<title>{title}</title><style>{css}</style></head>"
         "<body><main>{body}</main></body></html>\n").format(
-        csp=Markup(CSP), run_id=run_id, title=f"lightning-triage: {run.get('model', 'run')}",
+        csp=Markup(CSP), run_id=marker, title=f"lightning-triage: {run.get('model', 'run')}",
         css=Markup(_CSS), body=body))
 
 

@@ -89,6 +89,8 @@ MAX_STEPS = 256
 MAX_EXAMPLES = 16
 MAX_SIDE = 64
 MAX_CODES = 6
+#: Most vertical marks (gradient spikes) a plot draws: evenly picked beyond.
+MAX_MARKS = 40
 
 
 def evenly(items: Sequence[Any], k: int) -> list[Any]:
@@ -170,6 +172,7 @@ def grad_plot(figure_cls: Any, report: Mapping[str, Any]) -> str | None:
     steps = layers.get("steps") or []
     spikes = sorted({int(f["global_step"]) for f in report.get("findings", [])
                      if f["code"] in ("grad.spike", "grad.exploding") and f.get("global_step") is not None})
+    spikes = evenly(spikes, MAX_MARKS)  # a bounded drawing, however many spikes
     if norms and names and len(norms) == len(steps) and len(names) <= MAX_LAYERS:
         import numpy as np
 

@@ -31,7 +31,7 @@ from lightning_triage.findings import (
 )
 from lightning_triage.ranking import rank
 from lightning_triage.report_files import directory_lock, other_runs, run_id_marker, stage
-from lightning_triage.report_safe import SafeNotes, describe, json_safe, terminal_text
+from lightning_triage.report_safe import SafeNotes, describe, json_safe, terminal_text, visible
 from lightning_triage.schema import REPORT_SCHEMA as REPORT_SCHEMA
 from lightning_triage.schema import SCHEMA_ID, one_line, validate_report
 
@@ -308,7 +308,6 @@ def lead_trial(report: Mapping[str, Any], lead: Mapping[str, Any]) -> str | None
 # ---------------------------------------------------------------------------- Markdown
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
-_RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")
 
 
 def _md_text(text: Any) -> str:
@@ -319,8 +318,13 @@ def _md_text(text: Any) -> str:
 
 
 def _md_span(text: Any, table: bool = False) -> str:
-    """A value as an inline code span (shown verbatim; backticks become quotes)."""
-    span = "`" + _CONTROL.sub(" ", str(text)).replace("`", "'") + "`"
+    """A value as an inline code span (shown verbatim; backticks become quotes); a value that
+    holds ``<`` (HTML, which some renderers read even in a code span) as an HTML ``<code>``
+    element around escaped text instead, so no raw HTML of the report's reaches the file."""
+    text = _CONTROL.sub(" ", str(text))
+    if "<" in text:
+        return f"<code>{_md_text(text)}</code>"
+    span = "`" + text.replace("`", "'") + "`"
     return span.replace("|", "\\|") if table else span
 
 
@@ -341,10 +345,10 @@ def _md_code(text: Any, table: bool = False) -> str:
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The report as Markdown: start here, findings by stage, checks. Every string of the
     report is text (Markdown and HTML syntax escaped, table cells kept on one line)."""
+    run_id = report.get("run", {}).get("run_id")
+    lines = [run_id_marker(run_id, "md")] if isinstance(run_id, str) and run_id else []
+    report = visible(report)  # no control, bidi or surrogate character reaches the file
     run = report.get("run", {})
-    run_id = run.get("run_id")
-    lines = [run_id_marker(run_id, "md")] if isinstance(run_id, str) and _RUN_ID.match(run_id) \
-        else []
     lines += ["# lightning-triage report", ""]
     lines.append(f"Status: **{_md_text(report['status'])}**"
                  + (f" at step {_md_text(run['global_step'])}" if "global_step" in run else "")
@@ -515,15 +519,37 @@ def parse_report(text: str | bytes, source: Any = None) -> dict[str, Any]:
 
 def load_report(source: str | Path) -> dict[str, Any]:
     """Read a saved report: a JSON file, or a directory holding ``triage_report.json`` (directly
-    or below it: the most recent one); validated against :data:`REPORT_SCHEMA`.
+    or below it: the most recent one); validated against :data:`REPORT_SCHEMA`. At most
+    :data:`MAX_REPORT_BYTES` (64 MiB) are read.
 
     Raises:
         FileNotFoundError: no report there.
-        TriageReportError: the file is not a valid lightning-triage report (a ``ValueError``;
-            the message is one line).
+        TriageReportError: the file is not a valid lightning-triage report, or larger than
+            :data:`MAX_REPORT_BYTES` (a ``ValueError``; the message is one line).
     """
     path = find_report(source)
-    return parse_report(path.read_bytes(), path)
+    return parse_report(read_bounded(path), path)
+
+
+#: The most bytes :func:`load_report` reads: a report's series and lists are bounded, so a
+#: real one is a few MiB at most; a larger file is refused, never read whole.
+MAX_REPORT_BYTES = 64 * 2**20
+
+
+def read_bounded(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of ``path``, at most ``limit`` of them (default :data:`MAX_REPORT_BYTES`).
+
+    Raises:
+        TriageReportError: the file holds more than ``limit`` bytes (one line).
+    """
+    limit = MAX_REPORT_BYTES if limit is None else limit
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise TriageReportError(f"{one_line(str(path))}: larger than {limit} bytes, the most "
+                                "lightning-triage reads of a report (not a report of this "
+                                "tool?)")
+    return data
 
 
 def find_report(source: str | Path) -> Path:

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -141,11 +142,31 @@ def write_file(path: Path, text: str) -> None:
         raise
 
 
+_SAFE_ID = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")
+
+
+def marker_id(run_id: str) -> str:
+    """``run_id`` as the files carry it: as it is when it is 1-64 characters of
+    ``[0-9A-Za-z_-]``, else ``sha256-`` and 40 hex digits of its SHA-256 (a custom id with any
+    other character still ties the files of one write together).
+
+    Example:
+        >>> marker_id("3f2a"), marker_id("my run/1")[:14]
+        ('3f2a', 'sha256-7e01178')
+    """
+    if _SAFE_ID.match(run_id):
+        return run_id
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"sha256-{digest[:40]}"
+
+
 def run_id_marker(run_id: str, kind: str) -> str:
-    """The line that carries ``run_id`` in a Markdown (``kind="md"``) or HTML file."""
+    """The line that carries ``run_id`` (:func:`marker_id`) in a Markdown (``kind="md"``) or
+    HTML file."""
+    shown = marker_id(run_id)
     if kind == "md":
-        return f"<!-- lightning-triage-run-id: {run_id} -->"
-    return f'<meta name="lightning-triage-run-id" content="{run_id}">'
+        return f"<!-- lightning-triage-run-id: {shown} -->"
+    return f'<meta name="lightning-triage-run-id" content="{shown}">'
 
 
 def read_run_id(path: Path) -> str | None:
@@ -167,10 +188,10 @@ def other_runs(json_path: Path, run_id: str | None, names: tuple[str, ...]) -> l
     out = []
     for name in names:
         path = json_path.with_name(name)
-        if path.is_file() and read_run_id(path) != run_id:
+        if path.is_file() and read_run_id(path) != marker_id(run_id):
             out.append(path)
     return out
 
 
-__all__ = ["directory_lock", "other_runs", "read_run_id", "run_id_marker", "stage",
+__all__ = ["directory_lock", "marker_id", "other_runs", "read_run_id", "run_id_marker", "stage",
            "write_file", "write_files"]

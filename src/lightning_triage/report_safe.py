@@ -9,6 +9,9 @@
 - :func:`terminal_text` is report text for a terminal: C0/C1 control characters and the
   invisible format characters (bidi overrides and isolates, zero-width characters) replaced by
   a space, so no text can move the cursor, reorder a line or hide part of it.
+- :func:`visible` applies the same rule to every string of a report before the HTML and the
+  Markdown are rendered (the newline and the tab kept): no output carries a control character,
+  a bidi override or a lone surrogate, whatever the run's objects were named.
 
 Example:
     >>> changes = SafeNotes()
@@ -45,6 +48,13 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 TERMINAL_UNSAFE = re.compile(
     "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
     "\ufff9-\ufffb]+")
+
+
+#: What no output shows: the terminal-unsafe characters except the newline and the tab (which
+#: an HTML page or a Markdown table cell lays out itself).
+_HIDDEN = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u206f\ufeff\ufff9-\ufffb]+")
 
 
 @dataclass
@@ -173,5 +183,33 @@ def terminal_text(text: Any) -> str:
                                else safe_str(str.__str__(text)))
 
 
+def visible_text(text: Any) -> str:
+    """The one rule for user-derived text in a file meant to be read (HTML, Markdown): lone
+    surrogates replaced by U+FFFD, control characters (but the newline and the tab) and the
+    invisible format characters (bidi overrides and isolates, zero-width characters) replaced
+    by a space; each renderer then escapes its own syntax. Never raises.
+
+    Example:
+        >>> visible_text("a\\x1b]0;title\\x07b\\u202ec\\nd\\udce9")
+        'a ]0;title b c\\nd\\ufffd'
+    """
+    return _HIDDEN.sub(" ", describe(text) if not isinstance(text, str)
+                       else safe_str(str.__str__(text)))
+
+
+def visible(value: Any, depth: int = 0) -> Any:
+    """``value`` (a report, or any part of it) with :func:`visible_text` applied to every
+    string and object key; numbers, booleans and ``None`` as they are. Never raises."""
+    if isinstance(value, str):
+        return visible_text(value)
+    if depth >= MAX_DEPTH:
+        return value if not isinstance(value, (Mapping, list, tuple)) else describe(value)
+    if isinstance(value, Mapping):
+        return {visible_text(k): visible(v, depth + 1) for k, v in list(value.items())}
+    if isinstance(value, (list, tuple)):
+        return [visible(v, depth + 1) for v in value]
+    return value
+
+
 __all__ = ["MAX_DEPTH", "MAX_STRING", "SafeNotes", "describe", "json_safe", "safe_str",
-           "terminal_text"]
+           "terminal_text", "visible", "visible_text"]

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -101,6 +102,34 @@ def _type_name(value: Any) -> str:
             dict: "object"}.get(type(value), type(value).__name__)
 
 
+@functools.lru_cache(maxsize=64)
+def ecma_pattern(pattern: str) -> re.Pattern[str]:
+    """A JSON Schema ``pattern`` (ECMA-262) as Python reads it the same way: ``$`` outside a
+    character class (and not escaped) ends the input, as in ECMA-262 without the multiline
+    flag, where Python's ``$`` also matches before a final newline (``"data.x\\n"`` would
+    pass ``^[a-z_]+\\.[a-z_0-9]+$``).
+
+    Example:
+        >>> bool(ecma_pattern(r"^[a-z]+$").search("abc\\n")), bool(ecma_pattern("^[$]$").search("$"))
+        (False, True)
+    """
+    out, escaped, in_class = [], False, False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "[" and not in_class:
+            in_class = True
+        elif char == "]" and in_class:
+            in_class = False
+        elif char == "$" and not in_class:
+            out.append("\\Z")
+            continue
+        out.append(char)
+    return re.compile("".join(out))
+
+
 def _scalar(value: Any, schema: Mapping[str, Any], path: str) -> None:
     if "const" in schema and value != schema["const"]:
         raise _InvalidError(path, f"expected {schema['const']!r}, got {shown(value)}")
@@ -116,7 +145,7 @@ def _scalar(value: Any, schema: Mapping[str, Any], path: str) -> None:
     if isinstance(value, str):
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             raise _InvalidError(path, f"longer than {schema['maxLength']} characters ({len(value)})")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not ecma_pattern(schema["pattern"]).search(value):
             raise _InvalidError(path, f"{shown(value)} does not match {schema['pattern']}")
     if _is_number(value) and "minimum" in schema and value < schema["minimum"]:
         raise _InvalidError(path, f"{shown(value)} is below the minimum {schema['minimum']}")

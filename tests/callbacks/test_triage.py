@@ -133,7 +133,10 @@ def _recording(hook: str) -> Any:
     return record
 
 
-for _hook in FORWARDED_HOOKS:
+#: Hooks the bundle defines itself (and forwards after its own work).
+OWN_HOOKS = {"setup", "teardown", "on_exception", "on_load_checkpoint"}
+
+for _hook in (*FORWARDED_HOOKS, "on_load_checkpoint"):
     setattr(_Recorder, _hook, _recording(_hook))
 
 
@@ -144,8 +147,8 @@ def test_bundle_dispatches_every_hook_a_check_overrides() -> None:
     overridden = {h for cls in (*CHECKS, TriageReport) for h in hooks
                   if getattr(cls, h) is not getattr(Callback, h)}
     kept = {"state_dict", "load_state_dict"}  # the bundle keeps each check's state itself
-    assert overridden - kept <= set(FORWARDED_HOOKS) | {"setup", "teardown", "on_exception"}
-    assert set(FORWARDED_HOOKS) | kept | {"setup", "teardown", "on_exception"} == set(hooks)
+    assert overridden - kept <= set(FORWARDED_HOOKS) | OWN_HOOKS
+    assert set(FORWARDED_HOOKS) | kept | OWN_HOOKS == set(hooks)
     # and each forwarded hook reaches a member with its arguments (the report last)
     triage = Triage(verbose=False)
     recorder = _Recorder()
@@ -156,6 +159,9 @@ def test_bundle_dispatches_every_hook_a_check_overrides() -> None:
         getattr(triage, hook)(object(), "module", 1, 2)
     assert [(h, args) for h, args in recorder.calls] == [(h, ("module", 1, 2))
                                                          for h in FORWARDED_HOOKS]
+    recorder.calls.clear()
+    triage.on_load_checkpoint(object(), "module", {})  # type: ignore[arg-type]
+    assert recorder.calls == [("on_load_checkpoint", ("module", {}))]
 
 
 def test_bundle_builds_each_check_from_its_declared_arguments() -> None:

@@ -149,6 +149,7 @@ class RemedyRecorder:
         self.done = False
         self._bytes = 0
         self.fit_start = time.perf_counter()
+        self.starts: list[float] = []  # when each recorded batch started (the step time)
         self.trials = 0  # experiments run in this fit (a healthy run: 0)
         self.seconds = 0.0
 
@@ -156,6 +157,7 @@ class RemedyRecorder:
         """Record ``batch`` (and, at the first one, the starting state); ``done`` once enough."""
         if self.done:
             return
+        self.starts.append(time.perf_counter())
         if self.model_state is None:
             self.reason = unavailable(trainer, pl_module)
             if self.reason is not None:
@@ -356,6 +358,12 @@ def _no_warnings() -> Iterator[None]:
         yield
 
 
+def step_seconds(recorder: RemedyRecorder) -> float | None:
+    """The fit's median step time over the recorded batches (``None``: too few)."""
+    gaps = sorted(b - a for a, b in zip(recorder.starts, recorder.starts[1:], strict=False))
+    return gaps[len(gaps) // 2] if len(gaps) >= 3 else None
+
+
 def _budget(recorder: RemedyRecorder) -> float:
     elapsed = time.perf_counter() - recorder.fit_start
     return min(TIME_CAP_S, max(TIME_FLOOR_S, TIME_SHARE * elapsed))
@@ -475,6 +483,11 @@ def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Reme
     if isinstance(labels, str):
         return {**block, "reason": labels}
     budget = _budget(recorder)
+    step = step_seconds(recorder)
+    if step is not None and 2 * steps * step > budget:  # two replays at least decide
+        return {**block, "reason": f"would need about {2 * steps * step:.1f} s (two replays "
+                                   f"of {steps} steps at the fit's {step * 1e3:.0f} ms per "
+                                   f"step), more than its time budget of {budget:.0f} s"}
     started = time.perf_counter()
     recorder.trials += 1
     try:
@@ -598,9 +611,12 @@ def _other_settings(trainer: pl.Trainer) -> str:
 
 
 def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: RemedyRecorder,
-                findings: Sequence[Finding], *, strict: bool = False) -> list[Finding]:
+                findings: Sequence[Finding], *, strict: bool = False,
+                before_trial: Callable[[], None] | None = None) -> list[Finding]:
     """``findings`` with the lead's ``remedy`` block set when its code declares a verifiable
-    remedy (no lead, or a lead without one: ``findings`` unchanged and nothing runs)."""
+    remedy (no lead, or a lead without one: ``findings`` unchanged and nothing runs);
+    ``before_trial`` is called just before a replayed trial starts (the report is written
+    first)."""
     findings = list(findings)
     settled = explain_findings(settle_suspicions(findings))
     lead_code = start_here(settled)
@@ -618,6 +634,8 @@ def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Re
         findings[index] = replace(findings[index], evidence={
             k: v for k, v in findings[index].evidence.items() if k != "remedy_trial"})
     elif kind in EXPERIMENT_KINDS:
+        if before_trial is not None:
+            before_trial()
         try:
             block = run_trial(trainer, pl_module, recorder, kind, evidence=lead.evidence)
         except Exception as exc:  # the user's code failed in the replay: the run is unaffected

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import signal
+import sys
 import tempfile
+import threading
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -182,6 +185,45 @@ def _check_writable(directory: Path) -> str | None:
     return None
 
 
+#: The note of a report written before its fit ended (at setup, and before the remedy trial):
+#: a report that still carries it is the report of a fit that did not end as planned.
+PENDING_NOTE = ("written before the fit ended (status \"interrupted\" until then): the report "
+                "is rewritten when the fit ends; if this note is still here, the process was "
+                "stopped before it could write again")
+#: The note of a report whose remedy trial was interrupted.
+TRIAL_INTERRUPTED_NOTE = ("interrupted during the remedy trial, after the fit's last step: the "
+                          "findings are the fit's, without a remedy block")
+
+
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """SIGTERM raises ``SIGTERMException`` inside the block (the end of fit runs after
+    Lightning has put the default handler back, which would kill the process before the
+    report is rewritten); the earlier handler is put back after. Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SIGTERMException()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):  # no signals here (an embedded interpreter)
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _with_notes(report: dict[str, Any], *notes: str) -> dict[str, Any]:
+    old = report.get("notes")
+    return {**report, "notes": [*(old if isinstance(old, list) else []), *notes]}
+
+
 class TriageReport(Callback):
     """Collect the findings of every triage check on the trainer and write the report.
 
@@ -206,7 +248,8 @@ class TriageReport(Callback):
         fail_on: ``"error"``, ``"warning"`` or ``"info"``: raise :class:`TriageGateError` at the
             end of fit (after the report is written) when the report holds findings at that
             severity or worse; ``"none"`` or ``None`` (default): never (as ``--fail-on none``
-            on the command line).
+            on the command line). A gated run that is interrupted (Ctrl-C, SIGTERM) fails the
+            gate too: its process exits 1 (Lightning alone exits 0 under SIGTERM).
         strict: raise errors met while building or writing the report instead of warning.
         verify_remedies: try the lead's fix on a copy of the run before writing the report
             (docs/remedies.md): for a learning-rate lead, the fit's first recorded batches are
@@ -218,6 +261,11 @@ class TriageReport(Callback):
 
     When ``report_dir`` cannot be written, setup warns once and the run goes on without files
     (the summary is still printed and :attr:`report` still built).
+
+    Write first, try second: setup replaces any earlier report in ``report_dir`` with one of this
+    fit (status ``"interrupted"`` and a note, until the fit ends), and before the remedy trial
+    the report is written without it, then rewritten after it; an interrupt during the trial
+    leaves the report of this fit, ``"interrupted"``, without a ``remedy`` block.
 
     Raises:
         TriageConfigError: for an unknown ``fail_on`` or an argument of the wrong type.
@@ -285,6 +333,8 @@ class TriageReport(Callback):
                            "written to files.", category=RuntimeWarning)
             self._no_files = True
         self._resolved_dir = directory
+        if trainer.is_global_zero and not self._no_files:
+            self._write_placeholder(trainer, pl_module, directory)
         self._logged = dict.fromkeys(SEVERITIES, 0)
         self.remedies.reset()
         self.idle = not self.verify_remedies
@@ -370,6 +420,21 @@ class TriageReport(Callback):
             rank_zero_warn(f"[lightning-triage] could not write the report: "
                            f"{type(exc).__name__}: {describe(exc)[:500]}")
 
+    def _write_placeholder(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           directory: Path) -> None:
+        """Every fit starts fresh: the report of an earlier fit in ``directory`` is replaced by
+        one of this fit that says it has not ended (never breaks the run)."""
+        try:
+            report = _with_notes(minimal_report([], status="interrupted",
+                                                run=self._fallback_run(trainer, pl_module)),
+                                 PENDING_NOTE)
+            write_report(report, directory, html=self.html)
+        except Exception as exc:
+            if self.strict:
+                raise
+            rank_zero_warn(f"[lightning-triage] could not replace the earlier report in "
+                           f"{str(directory)!r}: {type(exc).__name__}: {describe(exc)[:300]}")
+
     def _held_findings(self, trainer: pl.Trainer, gather: bool) -> tuple[
             list[TriageCallback], list[Finding]]:
         """The checks and the findings they hold (every rank's, gathered, when ``gather``)."""
@@ -405,9 +470,42 @@ class TriageReport(Callback):
         if not trainer.is_global_zero:
             return
         if self.verify_remedies and status != "interrupted":
+            first = list(findings)
+
+            def write_first() -> None:  # the report without the trial, should it not end
+                self._build_report(trainer, pl_module, "interrupted", checks, first,
+                                   PENDING_NOTE)
+                self._write_files(directory)
+
             # rank 0 alone, on a copy, with no collective (the other ranks wait in the gate)
-            findings = verify_lead(trainer, pl_module, self.remedies, findings,
-                                   strict=self.strict)
+            try:
+                findings = verify_lead(trainer, pl_module, self.remedies, findings,
+                                       strict=self.strict, before_trial=write_first)
+            except (KeyboardInterrupt, SystemExit):  # this fit's report, without the trial
+                self._build_report(trainer, pl_module, "interrupted", checks, first,
+                                   TRIAL_INTERRUPTED_NOTE)
+                self._write_files(directory)
+                raise
+        self._build_report(trainer, pl_module, status, checks, findings)
+        self._write_files(directory)
+        for step in (self._print, self._log_summary):
+            try:
+                step(trainer)
+            except Exception as exc:  # the files are written: the console and loggers are extra
+                if self.strict:
+                    raise
+                rank_zero_warn(f"[lightning-triage] could not show the report: "
+                               f"{type(exc).__name__}: {describe(exc)[:500]}")
+
+    def _write_files(self, directory: Path) -> None:
+        if not self._no_files and self.report is not None:
+            self.paths = write_report(self.report, directory, html=self.html)
+
+    def _build_report(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                      status: ReportStatus, checks: list[TriageCallback],
+                      findings: list[Finding], *notes: str) -> None:
+        """Build :attr:`report` (the minimal report of the findings as they are, with a
+        ``triage.check_error`` of the report's own, when the full one cannot be built)."""
         try:
             self.report = self._build(trainer, pl_module, status, checks, findings)
         except Exception as exc:
@@ -419,16 +517,8 @@ class TriageReport(Callback):
             rank_zero_warn(f"[lightning-triage] {error.message}", category=RuntimeWarning)
             self.report = minimal_report(self._gate_findings, status=status,
                                          run=self._fallback_run(trainer, pl_module))
-        self.paths = [] if self._no_files else write_report(self.report, directory,
-                                                                html=self.html)
-        for step in (self._print, self._log_summary):
-            try:
-                step(trainer)
-            except Exception as exc:  # the files are written: the console and loggers are extra
-                if self.strict:
-                    raise
-                rank_zero_warn(f"[lightning-triage] could not show the report: "
-                               f"{type(exc).__name__}: {describe(exc)[:500]}")
+        if notes:
+            self.report = _with_notes(self.report, *notes)
 
     def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: ReportStatus,
                checks: list[TriageCallback], findings: list[Finding]) -> dict[str, Any]:
@@ -505,7 +595,8 @@ class TriageReport(Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._write(trainer, pl_module, "completed", gather=True)
+        with _terminate_raises():  # SIGTERM during the trial or the writing: still a report
+            self._write(trainer, pl_module, "completed", gather=True)
         self._gate(trainer)
 
     @override
@@ -518,3 +609,16 @@ class TriageReport(Callback):
                      exception: BaseException) -> None:
         interrupted = isinstance(exception, (KeyboardInterrupt, SIGTERMException))
         self._write(trainer, pl_module, "interrupted" if interrupted else "crashed", gather=False)
+        if interrupted and self.fail_on not in (None, "none") and self._resolved_dir is not None:
+            self._fail_interrupted(trainer, exception)
+
+    def _fail_interrupted(self, trainer: pl.Trainer, exception: BaseException) -> None:
+        """A gated run that was interrupted fails the gate: its process exits 1. Lightning
+        exits 1 after ``KeyboardInterrupt`` and re-raises ``SIGTERMException`` (a
+        ``SystemExit``, code 0): its exit code becomes 1."""
+        if isinstance(exception, SystemExit) and exception.code in (None, 0):
+            exception.code = 1
+        if trainer.is_global_zero:
+            where = f" (report: {self.paths[0]})" if self.paths else ""
+            print(f"lightning-triage: the run was interrupted and `fail_on={self.fail_on!r}` "
+                  f"is set: the gate fails, exit 1{where}", file=sys.stderr)

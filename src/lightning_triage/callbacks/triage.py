@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_triage._compat import skip_hook, unskip_hooks
-from lightning_triage.callbacks._args import aliases, check_bool
+from lightning_triage.callbacks._args import aliases, check_bool, state_key_of
 from lightning_triage.callbacks._checks import CHECKS
 from lightning_triage.callbacks._shared import validate_task
 from lightning_triage.callbacks._step import StepState
@@ -20,6 +20,7 @@ from lightning_triage.callbacks.gradient_monitor import OnSpike
 from lightning_triage.callbacks.nonfinite_tracer import Mode, OnNonFinite
 from lightning_triage.callbacks.report import GateOn, TriageReport
 from lightning_triage.callbacks.structure_probe import ForwardFn
+from lightning_triage.errors import TriageConfigError
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
 
@@ -85,8 +86,9 @@ class Triage(Callback):
             (:class:`PaddingProbe`) when it cannot find the mask by name.
         fail_on: ``"error"``, ``"warning"`` or ``"info"``: a CI gate, raising
             :class:`~lightning_triage.report.TriageGateError` at the end of fit (after the report
-            is written) when findings at that severity or worse were found; ``"none"`` or
-            ``None``: never (as ``--fail-on none`` on the command line).
+            is written) when findings at that severity or worse were found; an interrupted
+            fit fails it too (exit 1, also under SIGTERM); ``"none"`` or ``None``: never (as
+            ``--fail-on none`` on the command line).
         html: also write the self-contained ``triage_report.html``.
         log_findings: send findings and the summary to the trainer's loggers as they happen
             (``triage/findings_<severity>`` counts; text on TensorBoard).
@@ -278,6 +280,24 @@ class Triage(Callback):
             state.pop(hook, None)
         return state
 
+    @property
+    @override
+    def state_key(self) -> str:
+        """``Triage``, followed by ``report_dir`` and ``fail_on`` where they differ from their
+        defaults (as Lightning's ``EarlyStopping`` does): a second ``Triage`` that differs there
+        reaches :meth:`setup`, which says what to do, instead of Lightning's "more than one
+        stateful callback" error."""
+        return state_key_of(self, ("report_dir", "fail_on"))
+
+    @override
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        """A checkpoint written when the key was ``Triage`` alone resumes with its state."""
+        states = checkpoint.get("callbacks") or {}
+        if self.state_key not in states and isinstance(states.get("Triage"), dict):
+            self.load_state_dict(states["Triage"])
+        self._each("on_load_checkpoint", trainer, pl_module, checkpoint)
+
     @override
     def state_dict(self) -> dict[str, Any]:
         return {check.state_key: check.state_dict() for check in self.checks}
@@ -296,6 +316,18 @@ class Triage(Callback):
         self._active, self._active_version = {}, -1
         self._restore_hooks()
         self._in_fit = stage == "fit"
+        others = [cb for cb in getattr(trainer, "callbacks", []) or []
+                  if isinstance(cb, Triage) and cb is not self]
+        if others:
+            shown = ", ".join(f"Triage(report_dir={cb.report_dir!r}, fail_on={cb.fail_on!r})"
+                              for cb in (self, *others))
+            raise TriageConfigError(
+                f"`Triage` appears {len(others) + 1} times in the Trainer's callbacks ({shown}): "
+                "keep one. One `Triage` runs every check and writes one report; for a second "
+                "gate, run `lightning-triage show REPORT_DIR --fail-on SEVERITY` on its report; "
+                "with LightningCLI, a config's `trainer.callbacks` list is appended to the "
+                "template's: set the template's `Triage` arguments instead of adding one.",
+                argument="callbacks", value=len(others) + 1)
         for check in self.checks:
             if self._in_fit:  # one report per fit (before a checkpoint's state is restored)
                 check.start_fit()
@@ -333,12 +365,13 @@ def build_checks(args: dict[str, Any]) -> list[TriageCallback]:
 
 
 #: The hooks of Lightning's ``Callback`` the bundle forwards to its checks and report as they
-#: come (everything but the state, which the bundle keeps per check, and the three hooks it
-#: defines itself above).
+#: come (everything but the state, which the bundle keeps per check, and the hooks it defines
+#: itself above).
 FORWARDED_HOOKS: tuple[str, ...] = tuple(
     name for name, value in vars(Callback).items()
     if callable(value) and not name.startswith("_")
-    and name not in ("state_dict", "load_state_dict", "setup", "teardown", "on_exception"))
+    and name not in ("state_dict", "load_state_dict", "setup", "teardown", "on_exception",
+                     "on_load_checkpoint"))
 
 
 def _forwarder(hook: str) -> Callable[..., None]:

@@ -19,6 +19,8 @@ Submodules: :mod:`~lightning_triage.probing.state` (RNG, loggers, errors, shared
 from lightning_triage.probing.isolation import (
     COPY_MEMORY_FRACTION,
     Probe,
+    SharedStorageError,
+    check_no_shared_storage,
     copy_module,
     copy_optimizer,
     free_bytes,
@@ -38,6 +40,7 @@ from lightning_triage.probing.state import (
     set_rng_state,
     shared_objects,
     silenced_logging,
+    trainer_state,
     user_code,
 )
 
@@ -48,8 +51,10 @@ __all__ = [
     "Probe",
     "ProbeUnavailableError",
     "RngState",
+    "SharedStorageError",
     "UserCodeError",
     "_noop",
+    "check_no_shared_storage",
     "copy_first_examples",
     "copy_module",
     "copy_optimizer",
@@ -65,6 +70,7 @@ __all__ = [
     "shared_objects",
     "silenced_logging",
     "step_loss",
+    "trainer_state",
     "user_code",
     "without_our_hooks",
 ]

@@ -30,6 +30,7 @@ from lightning_triage.probing.state import (
     rng_state,
     set_rng_state,
     shared_objects,
+    trainer_state,
 )
 
 #: A copy is made when its estimated bytes are at most this fraction of the free memory of the
@@ -84,6 +85,57 @@ def _device_of(module: nn.Module) -> torch.device:
     for t in (*module.parameters(), *module.buffers()):
         return t.device
     return torch.device("cpu")
+
+
+def _storage(t: Tensor) -> tuple[str, int] | None:
+    """The device and address of ``t``'s storage (``None``: no storage to share, such as a
+    sparse tensor or an empty one)."""
+    try:
+        ptr = int(t.untyped_storage().data_ptr())
+    except Exception:  # sparse, nested, meta, lazy: nothing a copy can share this way
+        return None
+    return (str(t.device), ptr) if ptr else None
+
+
+def _tensors(module: nn.Module, optimizers: Sequence[Optimizer]) -> Iterator[tuple[str, Tensor]]:
+    """Every parameter, buffer, attribute tensor and optimizer-state tensor, with a name."""
+    yield from (("parameter " + n, t) for n, t in module.named_parameters(remove_duplicate=False))
+    yield from (("buffer " + n, t) for n, t in module.named_buffers(remove_duplicate=False))
+    yield from (("attribute tensor", t) for t in _attribute_tensors(module))
+    for i, opt in enumerate(optimizers):
+        for group in opt.param_groups:
+            yield from ((f"optimizer {i} parameter", p) for p in group["params"]
+                        if isinstance(p, Tensor))
+        for state in opt.state.values():
+            items = state.values() if isinstance(state, dict) else ()
+            yield from ((f"optimizer {i} state", t) for t in items if isinstance(t, Tensor))
+
+
+class SharedStorageError(Exception):
+    """A copy of the module shares a tensor's storage with the original (a ``__deepcopy__``
+    that returns ``self``, a submodule shared with an object the copy does not copy)."""
+
+
+def check_no_shared_storage(module: nn.Module, optimizers: Sequence[Optimizer],
+                            twin: nn.Module, twin_optimizers: Sequence[Optimizer]) -> None:
+    """Raise :class:`SharedStorageError` when any parameter, buffer, attribute tensor or
+    optimizer-state tensor of the copy shares its storage with one of the original's.
+
+    Example:
+        >>> net = nn.Linear(2, 2)
+        >>> twin = copy.deepcopy(net)
+        >>> check_no_shared_storage(net, [], twin, [])
+        >>> twin.bias = net.bias
+        >>> try:
+        ...     check_no_shared_storage(net, [], twin, [])
+        ... except SharedStorageError as err:
+        ...     print(err)
+        the copy's parameter bias shares its storage with the model
+    """
+    ours = {ptr for _, t in _tensors(module, optimizers) if (ptr := _storage(t)) is not None}
+    for name, t in _tensors(twin, twin_optimizers):
+        if _storage(t) in ours:
+            raise SharedStorageError(f"the copy's {name} shares its storage with the model")
 
 
 def _strip_our_hooks(module: nn.Module) -> None:
@@ -190,6 +242,8 @@ def copy_module(trainer: pl.Trainer | None, module: nn.Module,
         memo.update(trial)
     schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs] if trainer else []
     twin, twin_scheds = copy.deepcopy((module, schedulers), memo)
+    # checked before anything below touches the copy: a shared submodule is the user's
+    check_no_shared_storage(module, optimizers, twin, twin_opts)
     rebind_compiled(twin, memo)
     for original, sub in zip(module.modules(), twin.modules(), strict=True):
         if isinstance(sub, pl.LightningModule) and isinstance(original, pl.LightningModule):
@@ -233,8 +287,10 @@ class Probe:
 def probe_module(trainer: pl.Trainer | None, module: nn.Module,
                  optimizers: Sequence[Optimizer] = (), *, factor: float = 2.0,
                  force_in_place: bool = False) -> Iterator[Probe]:
-    """Run a probe on a copy of ``module`` (or, when it would not fit, on the live module under
-    a complete snapshot); every global RNG and the trainer's loggers are untouched afterwards.
+    """Run a probe on a copy of ``module`` (or, when it would not fit or would share a tensor's
+    storage with the original, on the live module under a complete snapshot); every global
+    RNG, the trainer's loggers and the trainer's public state (:func:`~lightning_triage.
+    probing.state.trainer_state`) are untouched afterwards.
 
     Args:
         trainer: the run's trainer (shared with the copy), or ``None``.
@@ -262,6 +318,8 @@ def probe_module(trainer: pl.Trainer | None, module: nn.Module,
         saved = rng_state()  # a `__deepcopy__` of the user's may draw random numbers
         try:
             twin = copy_module(trainer, module, optimizers)
+        except SharedStorageError as exc:
+            how = f"in place: {exc}"
         except Exception as exc:
             how = f"in place: the module could not be copied ({type(exc).__name__}: {exc})"
         finally:
@@ -275,7 +333,7 @@ def probe_module(trainer: pl.Trainer | None, module: nn.Module,
             f"nor a snapshot in the {free / 2**20:.0f} MiB free on {device.type}")
     saved = rng_state()
     try:
-        with quiet_loggers(trainer), eager():
+        with quiet_loggers(trainer), trainer_state(trainer), eager():
             if twin is not None:
                 yield Probe(twin[0], twin[1], how)
             else:

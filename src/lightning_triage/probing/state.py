@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,8 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Dataset
+
+from lightning_triage._compat import loop_limits
 
 #: Objects a module may hold that are shared with the probe's copy, never copied.
 _SHARED_TYPES: tuple[type, ...] = (pl.Trainer, Logger, Callback, pl.LightningDataModule,
@@ -101,6 +103,60 @@ def set_rng_state(state: RngState) -> None:
         torch.cuda.set_rng_state_all(state.cuda)
     np.random.set_state(state.numpy)
     random.setstate(state.python)
+
+
+# ---------------------------------------------------------------------- the trainer's state
+@contextmanager
+def trainer_state(trainer: pl.Trainer | None) -> Iterator[None]:
+    """Put back what the user's ``training_step``/``validation_step`` run by a probe can write
+    on the shared trainer: every public plain attribute (``should_stop``, ``limit_*_batches``,
+    ``val_check_interval``, ``accumulate_grad_batches``, ``gradient_clip_val`` ...), the
+    stopping limits of the fit loop, the trainer's ``state``, the ``callbacks`` list and the
+    ``callback_metrics`` dict (same objects, contents put back).
+
+    Example:
+        >>> trainer = pl.Trainer(logger=False, enable_progress_bar=False)
+        >>> with trainer_state(trainer):
+        ...     trainer.should_stop = True
+        ...     trainer.limit_val_batches = 0
+        >>> trainer.should_stop, trainer.limit_val_batches
+        (False, 1.0)
+    """
+    if trainer is None:
+        yield
+        return
+    plain = (bool, int, float, str, type(None))
+    attrs = {k: v for k, v in vars(trainer).items()
+             if not k.startswith("_") and isinstance(v, plain)}
+    loops = loop_limits(trainer)
+    state = getattr(trainer, "state", None)
+    state_items = dict(vars(state)) if state is not None and hasattr(state, "__dict__") else {}
+    callbacks = getattr(trainer, "callbacks", None)
+    saved_callbacks = list(callbacks) if isinstance(callbacks, list) else None
+    metrics: Any = None
+    saved_metrics: dict[str, Any] = {}
+    with suppress(Exception):
+        metrics = trainer.callback_metrics
+        saved_metrics = dict(metrics)
+    try:
+        yield
+    finally:
+        for key, value in attrs.items():
+            with suppress(Exception):
+                setattr(trainer, key, value)
+        for owner, name, value in loops:
+            with suppress(Exception):
+                setattr(owner, name, value)
+        for key, value in state_items.items():
+            with suppress(Exception):
+                setattr(state, key, value)
+        if saved_callbacks is not None and isinstance(callbacks, list):
+            callbacks[:] = saved_callbacks
+            with suppress(Exception):
+                trainer.__dict__["callbacks"] = callbacks
+        if isinstance(metrics, dict):
+            metrics.clear()
+            metrics.update(saved_metrics)
 
 
 # ---------------------------------------------------------------------- quiet loggers
