@@ -35,10 +35,7 @@ class Denoiser(nn.Module):
         q, k, v = self.qkv(h.view(-1, 8, 8)).chunk(3, dim=-1)
         p = 0.3 if self.bug == "sdpa" or self.training else 0.0
         h = h + F.scaled_dot_product_attention(q, k, v, dropout_p=p).reshape(-1, 64)
-        if self.bug == "dropout":
-            h = F.dropout(h, 0.3)
-        else:
-            h = self.drop(h)
+        h = F.dropout(h, 0.3) if self.bug == "dropout" else self.drop(h)
         return self.out(h)
 
 

@@ -22,6 +22,7 @@ from lightning_triage.callbacks._shared import loss_from_outputs, validate_task
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, ChanceLevel, Task, resolve_chance
+from lightning_triage.functional.draws import DrawWatch
 from lightning_triage.functional.eval_contracts import (
     GAP_MIN_STEPS,
     GapRun,
@@ -34,7 +35,6 @@ from lightning_triage.functional.eval_contracts import (
     sampling_eval,
     unique,
 )
-from lightning_triage.functional.draws import DrawWatch
 from lightning_triage.functional.hooks import capture_last_output
 from lightning_triage.probing import (
     ProbeUnavailableError,
