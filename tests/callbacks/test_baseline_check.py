@@ -1,0 +1,92 @@
+"""BaselineCheck: simple baselines (majority, nearest centroid, linear; the mean predictor) on
+the first batches, and `curve.below_baseline` for a model that ends below them."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_triage import BaselineCheck, Triage, TriageConfigError
+from lightning_triage.functional.baselines import below_baseline, compute_baselines
+from lightning_triage.report import REPORT_SCHEMA
+from tests.callbacks.baseline_models import DigitsRegressor, DigitsStack, digits
+from tests.helpers import make_trainer
+
+#: Two epochs of 25 batches: the model is judged at the validation run of step 50.
+FIT = dict(max_epochs=2, limit_train_batches=25, limit_val_batches=None)
+
+
+def _fit(tmp_path: Path, model: pl.LightningModule, regression: bool = False,
+         check: Any = None) -> BaselineCheck:
+    pl.seed_everything(0, verbose=False)
+    check = check if check is not None else BaselineCheck(strict=True, min_steps=40)
+    make_trainer(tmp_path, [check], **FIT).fit(model, *digits(0, regression))
+    return check
+
+
+def test_frozen_body_ends_below_the_baseline_and_leads(tmp_path: Path) -> None:
+    pl.seed_everything(0, verbose=False)
+    triage = Triage(report_dir=tmp_path, verbose=True, strict=True, overfit=False)
+    for check in triage.checks:
+        if isinstance(check, BaselineCheck):
+            check.min_steps = 40
+    make_trainer(tmp_path, [triage], **FIT).fit(DigitsStack(frozen=True, lr=1e-2), *digits(0))
+    report = json.loads((tmp_path / "triage_report.json").read_text())
+    jsonschema.validate(report, REPORT_SCHEMA)
+    assert report["start_here"] == "curve.below_baseline", report["findings"]
+    (found,) = [f for f in report["findings"] if f["code"] == "curve.below_baseline"]
+    ev = found["evidence"]
+    assert found["severity"] == "warning"
+    assert ev["model"] < ev["baseline_value"] - ev["margin"] and ev["baseline_value"] > 0.8
+    assert "frozen (`requires_grad=False`)" in found["message"]
+    base = report["details"]["baselines"]
+    assert set(base["values"]["scores"]) == {"majority", "nearest_centroid", "linear"}
+    assert base["model"]["step"] == 50 and base["model"]["value"] == ev["model"]
+    assert "Simple baselines" in (tmp_path / "triage_report.html").read_text()
+
+
+def test_healthy_twin_is_silent(tmp_path: Path) -> None:
+    check = _fit(tmp_path, DigitsStack(lr=1e-2))
+    assert check.findings == []
+    assert check.last is not None and check.baselines is not None
+    assert check.last[1] > check.baselines.best - 0.05
+    assert check.check_status()["status"] == "passed"
+
+
+def test_healthy_regression_is_silent(tmp_path: Path) -> None:
+    check = _fit(tmp_path, DigitsRegressor(), regression=True)
+    assert check.findings == []
+    assert check.baselines is not None and check.baselines.task == "regression"
+    assert check.last is not None and check.last[1] < check.baselines.scores["mean"]
+
+
+def test_state_round_trip_and_arguments(tmp_path: Path) -> None:
+    check = _fit(tmp_path, DigitsStack(frozen=True, lr=1e-2))
+    assert [f.code for f in check.findings] == ["curve.below_baseline"]
+    fresh = pickle.loads(pickle.dumps(check))
+    restored = BaselineCheck()
+    restored.load_state_dict(fresh.state_dict())
+    assert restored.baselines == check.baselines and restored.last == check.last
+    with pytest.raises(TriageConfigError, match="max_train_batches"):
+        BaselineCheck(max_train_batches=0)
+
+
+def test_skips_what_it_cannot_fit() -> None:
+    x = torch.randn(40, 3)
+    assert compute_baselines(x.long(), torch.zeros(40).long(), x.long(), torch.zeros(40).long()) \
+        == "the inputs are not float features (int64)"
+    big = torch.randn(8, 3, 64, 64)
+    assert "12288 features" in str(compute_baselines(big, torch.zeros(8).long(), big,
+                                                    torch.zeros(8).long()))
+    y = torch.randn(40)
+    b = compute_baselines(x, y, x, y)
+    assert not isinstance(b, str) and b.best_name == "mean"
+    assert below_baseline(b.best * 1.1, b, step=1) is None
+    assert below_baseline(b.best * 2.0, b, step=1) is not None
