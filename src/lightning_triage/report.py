@@ -576,8 +576,9 @@ def baseline_line(report: Mapping[str, Any]) -> str | None:
         ...     "task": "classification", "metric": "accuracy", "val_examples": 256,
         ...     "scores": {"majority": 0.1, "nearest_centroid": 0.87, "linear": 0.88}},
         ...     "model": {"step": 180, "value": 0.92}}}
-        >>> print(baseline_line({"details": details}))
-        baselines (accuracy on 256 validation examples): majority 0.1, nearest-centroid 0.87, linear 0.88; model 0.92 at step 180
+        >>> print(baseline_line({"details": details}))  # doctest: +NORMALIZE_WHITESPACE
+        baselines (accuracy on 256 validation examples): majority 0.1, nearest-centroid 0.87,
+        linear 0.88; model 0.92 at step 180
     """
     info = (report.get("details") or {}).get("baselines")
     if not isinstance(info, Mapping) or not isinstance(info.get("values"), Mapping):

@@ -16,6 +16,7 @@ from lightning_triage.callbacks._args import BundleArg, check_batch_keys, check_
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.baselines import (
     Baselines,
+    Task,
     as_features,
     below_baseline,
     compute_baselines,
@@ -180,7 +181,7 @@ class BaselineCheck(TriageCallback):
         x, y = pair
         if self.baselines is None and self._kept(self._val) < self.max_examples:
             self._val.append((_host(x), _host(y)))
-        task = "classification" if not y.is_floating_point() else "regression"
+        task: Task = "regression" if y.is_floating_point() else "classification"
         score = None if output is None else model_score(output, y, task)
         if score is not None:
             self._scores.append(score)
@@ -218,7 +219,8 @@ class BaselineCheck(TriageCallback):
         self.baselines = found
 
     def _judge(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        assert self.baselines is not None and self.last is not None
+        if self.baselines is None or self.last is None:
+            return
         step, metric = self.last
         self.findings = [f for f in self.findings if f.code != "curve.below_baseline"]
         name = "accuracy" if self.baselines.task == "classification" else "MSE"

@@ -22,7 +22,7 @@ Example:
     >>> x = torch.randn(300, 5, generator=g) + 3 * torch.nn.functional.one_hot(y, 5)
     >>> b = compute_baselines(x[:200], y[:200], x[200:], y[200:])
     >>> b.task, b.best_name, b.best > 0.9, b.majority < 0.5
-    ('classification', 'nearest_centroid', True, True)
+    ('classification', 'linear', True, True)
 """
 
 from __future__ import annotations
