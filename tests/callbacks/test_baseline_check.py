@@ -90,3 +90,15 @@ def test_skips_what_it_cannot_fit() -> None:
     assert not isinstance(b, str) and b.best_name == "mean"
     assert below_baseline(b.best * 1.1, b, step=1) is None
     assert below_baseline(b.best * 2.0, b, step=1) is not None
+
+
+def test_the_run_is_bit_identical_with_and_without_the_check(tmp_path: Path) -> None:
+    states = []
+    for with_check in (True, False):
+        pl.seed_everything(0, verbose=False)
+        model = DigitsStack(lr=1e-2)
+        callbacks = [BaselineCheck(strict=True, min_steps=0)] if with_check else []
+        make_trainer(tmp_path / str(with_check), callbacks, max_epochs=2, limit_train_batches=5,
+                     limit_val_batches=2).fit(model, *digits(0))
+        states.append(model.state_dict())
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+import torch
 
 from lightning_triage import StructureProbe
 from tests.callbacks.coupled_models import RECIPES, Coupled, coupled_loader
@@ -43,3 +44,14 @@ def test_batch_statistics_in_eval_mode_stay_caught(tmp_path: Path) -> None:
     assert found.code == "structure.batch_mixing" and found.severity == "error"
     assert "by_design" not in found.evidence
     assert found.layer == "image.1"
+
+
+def test_the_run_is_bit_identical_with_and_without_the_probe(tmp_path: Path) -> None:
+    states = []
+    for with_probe in (True, False):
+        pl.seed_everything(0, verbose=False)
+        model = Coupled("simclr")
+        make_trainer(tmp_path / str(with_probe), [StructureProbe(strict=True)] if with_probe
+                     else [], limit_train_batches=2).fit(model, coupled_loader("simclr"))
+        states.append(model.state_dict())
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])

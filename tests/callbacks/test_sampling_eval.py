@@ -69,3 +69,19 @@ def test_dropout_alone_still_names_no_draws(tmp_path: Path) -> None:
     (f,) = [f for f in check.findings if f.code == "mode.nondeterministic_eval"]
     assert f.severity == "warning" and f.evidence["dropouts"] == ["dropout"]
     assert f.evidence["draws"] == [] and "besides" not in f.message
+
+
+def test_the_run_is_bit_identical_with_and_without_the_probes(tmp_path: Path) -> None:
+    states = []
+    x, _, xv, _ = load_digits_tensors(seed=0)
+    for with_checks in (True, False):
+        pl.seed_everything(0, verbose=False)
+        model = SamplingNet("diffusion", "dropout")
+        checks = [EvalContractCheck(strict=True), EvalModeCheck(strict=True)] if with_checks \
+            else []
+        make_trainer(tmp_path / str(with_checks), checks, limit_train_batches=3,
+                     limit_val_batches=1, num_sanity_val_steps=1).fit(
+            model, DataLoader(TensorDataset(x[:96]), batch_size=32),
+            DataLoader(TensorDataset(xv[:32]), batch_size=32))
+        states.append(model.state_dict())
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
