@@ -102,3 +102,17 @@ def test_the_run_is_bit_identical_with_and_without_the_check(tmp_path: Path) -> 
                      limit_val_batches=2).fit(model, *digits(0))
         states.append(model.state_dict())
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+def test_a_head_that_is_not_one_logit_per_class_is_not_compared(tmp_path: Path) -> None:
+    model = DigitsStack(frozen=True, lr=1e-2)
+    model.head = torch.nn.Linear(16, 32)  # an embedding-sized head: its argmax is no class
+    check = _fit(tmp_path, model)
+    assert check.findings == [] and check.last is None
+    assert "32] column(s) for 10 classes" in check.detail
+
+
+def test_multilabel_targets_are_not_a_regression() -> None:
+    x = torch.randn(40, 3)
+    y = (torch.rand(40, 4) > 0.5).float()
+    assert "float targets in [0, 1]" in str(compute_baselines(x, y, x, y))

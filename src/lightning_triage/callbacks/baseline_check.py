@@ -101,6 +101,7 @@ class BaselineCheck(TriageCallback):
         self._train: list[tuple[Tensor, Tensor]] = []
         self._val: list[tuple[Tensor, Tensor]] = []
         self._scores: list[tuple[float, int]] = []
+        self._widths: set[int] = set()  # the head output's columns (one per class)
         self._capture = HeadCapture()
         self._in_run = False  # this validation run is read (its first batches)
 
@@ -148,7 +149,7 @@ class BaselineCheck(TriageCallback):
     @guarded
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._close()
-        self._scores = []
+        self._scores, self._widths = [], set()
         self._in_run = False
         if not self._judging(trainer) or (not self._train and self.baselines is None):
             return
@@ -185,6 +186,7 @@ class BaselineCheck(TriageCallback):
         score = None if output is None else model_score(output, y, task)
         if score is not None:
             self._scores.append(score)
+            self._widths.add(int(output.shape[1]) if output.dim() == 2 else 0)
 
     @override
     @guarded
@@ -198,6 +200,12 @@ class BaselineCheck(TriageCallback):
         if self.baselines is None:
             return
         total, n = sum(s for s, _ in self._scores), sum(c for _, c in self._scores)
+        if self.baselines.task == "classification" and self._widths != {self.baselines.classes}:
+            # an embedding or another head than one logit per class: argmax means nothing
+            self.mark_ran(f"baselines {self._describe()}; the head output has "
+                          f"{sorted(self._widths)} column(s) for {self.baselines.classes} "
+                          "classes: the model is not compared")
+            return
         if n == 0:
             self.mark_ran(f"baselines {self._describe()}; the model's output does not fit the "
                           "targets (no accuracy or MSE computed)")
@@ -282,7 +290,7 @@ class BaselineCheck(TriageCallback):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_capture"] = HeadCapture()
-        state["_train"], state["_val"], state["_scores"] = [], [], []
+        state["_train"], state["_val"], state["_scores"], state["_widths"] = [], [], [], set()
         return state
 
 

@@ -116,8 +116,10 @@ def target_task(y: Any, n: int) -> tuple[Task | None, str | None]:
     """Whether targets ``y`` (for ``n`` examples) are class indices or regression values.
 
     Example:
-        >>> target_task(torch.tensor([0, 2, 1]), 3)[0], target_task(torch.randn(3), 3)[0]
+        >>> target_task(torch.tensor([0, 2, 1]), 3)[0], target_task(torch.tensor([-1.0, 3.0]), 2)[0]
         ('classification', 'regression')
+        >>> target_task(torch.tensor([[0.0, 1.0], [1.0, 1.0]]), 2)[0] is None  # multilabel
+        True
         >>> target_task(torch.zeros(3, 5, dtype=torch.long), 3)[1]
         'the targets are not one class index or value per example (shape (3, 5))'
     """
@@ -136,6 +138,9 @@ def target_task(y: Any, n: int) -> tuple[Task | None, str | None]:
         return None, f"more than {MAX_OUTPUTS} regression values per example"
     if not bool(torch.isfinite(y).all()):
         return None, "the targets hold NaN/Inf"
+    if float(y.min()) >= 0.0 and float(y.max()) <= 1.0:
+        return None, ("float targets in [0, 1] (0/1 labels, multilabel, soft or one-hot "
+                      "targets): not judged as a regression")
     return "regression", None
 
 
