@@ -183,7 +183,9 @@ class BaselineCheck(TriageCallback):
         if self.baselines is None and self._kept(self._val) < self.max_examples:
             self._val.append((_host(x), _host(y)))
         task: Task = "regression" if y.is_floating_point() else "classification"
-        score = None if output is None else model_score(output, y, task)
+        if output is None:
+            return
+        score = model_score(output, y, task)
         if score is not None:
             self._scores.append(score)
             self._widths.add(int(output.shape[1]) if output.dim() == 2 else 0)
