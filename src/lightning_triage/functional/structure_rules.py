@@ -162,9 +162,9 @@ def coupled_by_design(judged: str, *, pairs: Sequence[Sequence[int]] = (),
         ('info', [[16, 16]])
         >>> print(v.message)  # doctest: +NORMALIZE_WHITESPACE
         The objective couples the batch's examples on purpose: a (16, 16) matrix of scores
-        between the batch's examples (in-batch negatives). In eval mode the output of `image` for
-        example 0 depends on its own input only: coupled by design (as CLIP's InfoNCE, SimCLR's
-        NT-Xent, VICReg or Barlow Twins), not batch mixing.
+        between the batch's examples (in-batch negatives). In eval mode the output of `image`
+        does not mix examples: coupled by design (as CLIP's InfoNCE, SimCLR's NT-Xent, VICReg or
+        Barlow Twins), not batch mixing.
     """
     what = [f"{score_matrix} is an example-by-example score matrix"] if score_matrix else []
     what += [f"a ({a}, {b}) matrix of scores between the batch's examples (in-batch negatives)"
@@ -175,8 +175,8 @@ def coupled_by_design(judged: str, *, pairs: Sequence[Sequence[int]] = (),
     return Verdict(
         "structure.batch_mixing", 0,
         f"The objective couples the batch's examples on purpose: {'; '.join(what)}. In eval mode "
-        f"{judged} for example 0 depends on its own input only: coupled by design (as CLIP's "
-        "InfoNCE, SimCLR's NT-Xent, VICReg or Barlow Twins), not batch mixing.",
+        f"{judged} does not mix examples: coupled by design (as CLIP's InfoNCE, SimCLR's "
+        "NT-Xent, VICReg or Barlow Twins), not batch mixing.",
         evidence={"by_design": True, "output": judged, "score_matrix": score_matrix,
                   "in_batch_pairs": [list(p) for p in dict.fromkeys(tuple(p) for p in pairs)],
                   "batch_statistics": stats, "batch_size": batch_size},
