@@ -388,7 +388,7 @@ _SPECS: tuple[CodeSpec, ...] = (
           when="At the last validation run, the model's accuracy (argmax of its output) on the "
                "first validation examples is below the best simple baseline (majority class, "
                "nearest centroid, ridge linear classifier fitted in closed form on the first "
-               "training batches) by at least 0.05 (and two standard errors), or its mean squared "
+               "training batches) by at least 0.08 (and three standard errors), or its mean squared "
                "error is over 1.25x the mean predictor's; judged from 150 optimizer steps on."),
     _spec("curve.lr_too_low", "warning", "Slow, straight decline: learning rate too low",
           "Raise the learning rate by 10x, or run a learning-rate finder.",

@@ -17,17 +17,21 @@ from lightning_triage import BaselineCheck, Triage, TriageConfigError
 from lightning_triage.functional.baselines import below_baseline, compute_baselines
 from lightning_triage.report import REPORT_SCHEMA
 from tests.callbacks.baseline_models import DigitsRegressor, DigitsStack, digits
-from tests.helpers import make_trainer
+from tests.helpers import make_trainer, seeds
 
-#: Two epochs of 25 batches: the model is judged at the validation run of step 50.
+#: Two epochs of 25 batches: the model is judged at the validation run of step 50 (`min_steps`
+#: 40 in these tests; the frozen body is far below by then).
 FIT = dict(max_epochs=2, limit_train_batches=25, limit_val_batches=None)
+#: The healthy twins are judged as a run is by default: at step 160 (`min_steps` 150).
+LONG = dict(max_epochs=4, limit_train_batches=40, limit_val_batches=None)
 
 
-def _fit(tmp_path: Path, model: pl.LightningModule, regression: bool = False,
-         check: Any = None) -> BaselineCheck:
-    pl.seed_everything(0, verbose=False)
-    check = check if check is not None else BaselineCheck(strict=True, min_steps=40)
-    make_trainer(tmp_path, [check], **FIT).fit(model, *digits(0, regression))
+def _fit(tmp_path: Path, model: Any, regression: bool = False, seed: int = 0,
+         long: bool = False) -> BaselineCheck:
+    pl.seed_everything(seed, verbose=False)
+    check = BaselineCheck(strict=True) if long else BaselineCheck(strict=True, min_steps=40)
+    make_trainer(tmp_path, [check], **(LONG if long else FIT)).fit(model(),
+                                                                   *digits(seed, regression))
     return check
 
 
@@ -52,23 +56,33 @@ def test_frozen_body_ends_below_the_baseline_and_leads(tmp_path: Path) -> None:
     assert "Simple baselines" in (tmp_path / "triage_report.html").read_text()
 
 
-def test_healthy_twin_is_silent(tmp_path: Path) -> None:
-    check = _fit(tmp_path, DigitsStack(lr=1e-2))
+@pytest.mark.parametrize("seed", seeds())
+def test_frozen_body_is_caught_on_seeds(tmp_path: Path, seed: int) -> None:
+    check = _fit(tmp_path, lambda: DigitsStack(frozen=True, lr=1e-2), seed=seed)
+    (found,) = check.findings
+    assert found.code == "curve.below_baseline"
+    assert found.evidence["model"] < found.evidence["baseline_value"] - 0.2  # far below
+
+
+@pytest.mark.parametrize("seed", seeds())
+def test_healthy_twin_is_silent(tmp_path: Path, seed: int) -> None:
+    check = _fit(tmp_path, lambda: DigitsStack(lr=1e-2), seed=seed, long=True)
     assert check.findings == []
     assert check.last is not None and check.baselines is not None
-    assert check.last[1] > check.baselines.best - 0.05
+    assert check.last[0] == 160 and check.last[1] > check.baselines.best - 0.08
     assert check.check_status()["status"] == "passed"
 
 
-def test_healthy_regression_is_silent(tmp_path: Path) -> None:
-    check = _fit(tmp_path, DigitsRegressor(), regression=True)
+@pytest.mark.parametrize("seed", seeds())
+def test_healthy_regression_is_silent(tmp_path: Path, seed: int) -> None:
+    check = _fit(tmp_path, DigitsRegressor, regression=True, seed=seed, long=True)
     assert check.findings == []
     assert check.baselines is not None and check.baselines.task == "regression"
     assert check.last is not None and check.last[1] < check.baselines.scores["mean"]
 
 
 def test_state_round_trip_and_arguments(tmp_path: Path) -> None:
-    check = _fit(tmp_path, DigitsStack(frozen=True, lr=1e-2))
+    check = _fit(tmp_path, lambda: DigitsStack(frozen=True, lr=1e-2))
     assert [f.code for f in check.findings] == ["curve.below_baseline"]
     fresh = pickle.loads(pickle.dumps(check))
     restored = BaselineCheck()
@@ -105,8 +119,11 @@ def test_the_run_is_bit_identical_with_and_without_the_check(tmp_path: Path) -> 
 
 
 def test_a_head_that_is_not_one_logit_per_class_is_not_compared(tmp_path: Path) -> None:
-    model = DigitsStack(frozen=True, lr=1e-2)
-    model.head = torch.nn.Linear(16, 32)  # an embedding-sized head: its argmax is no class
+    def model() -> DigitsStack:
+        net = DigitsStack(frozen=True, lr=1e-2)
+        net.head = torch.nn.Linear(16, 32)  # an embedding-sized head: its argmax is no class
+        return net
+
     check = _fit(tmp_path, model)
     assert check.findings == [] and check.last is None
     assert "32] column(s) for 10 classes" in check.detail

@@ -48,7 +48,7 @@ RIDGE = 1.0
 #: Fewer validation examples than this: no verdict (the accuracies are too noisy).
 MIN_VAL_EXAMPLES = 30
 #: The least margin (accuracy) by which the model must be below the best baseline.
-ACCURACY_MARGIN = 0.05
+ACCURACY_MARGIN = 0.08
 #: The model's validation MSE must be this many times the mean predictor's.
 MSE_RATIO = 1.25
 
@@ -250,17 +250,17 @@ def below_baseline(metric: float, baselines: Baselines, *, step: int,
     regression) on the baselines' validation examples is clearly worse than the best simple
     baseline; ``None`` otherwise. ``extra`` ends the message (what may explain it).
 
-    For accuracy the margin is the larger of :data:`ACCURACY_MARGIN` and two standard errors of
+    For accuracy the margin is the larger of :data:`ACCURACY_MARGIN` and three standard errors of
     the baseline's accuracy over the examples; for MSE the model must be above
     :data:`MSE_RATIO` times the mean predictor's.
 
     Example:
         >>> b = Baselines("classification", 400, 360, 64,
         ...               {"majority": 0.1, "nearest_centroid": 0.9, "linear": 0.95}, "linear", 10)
-        >>> below_baseline(0.93, b, step=500) is None
+        >>> below_baseline(0.9, b, step=500) is None
         True
         >>> below_baseline(0.78, b, step=500).evidence["margin"]
-        0.05
+        0.08
     """
     n = baselines.val_examples
     if n < MIN_VAL_EXAMPLES or not math.isfinite(metric):
@@ -270,7 +270,7 @@ def below_baseline(metric: float, baselines: Baselines, *, step: int,
                                 "baseline_value": best, "baselines": dict(baselines.scores),
                                 "val_examples": n, "train_examples": baselines.train_examples}
     if baselines.task == "classification":
-        margin = max(ACCURACY_MARGIN, 2 * math.sqrt(max(best * (1 - best), 0.0) / n))
+        margin = max(ACCURACY_MARGIN, 3 * math.sqrt(max(best * (1 - best), 0.0) / n))
         if metric >= best - margin:
             return None
         evidence["margin"] = round(margin, 4)
