@@ -35,7 +35,8 @@ class Coupled(pl.LightningModule):
         self.recipe, self.bug = recipe, bug
         self.image = tower(64, bug)
         self.text = tower(16, bug) if recipe == "clip" else None
-        self.logit_scale = nn.Parameter(torch.tensor(2.0))
+        if recipe == "clip":  # CLIP's learned temperature
+            self.logit_scale = nn.Parameter(torch.tensor(2.0))
 
     def encode(self, x: Tensor) -> Tensor:
         return self.image(x)
