@@ -47,6 +47,7 @@ __all__ = [
     "CODES",
     "STAGES",
     "AutocastCheck",
+    "BaselineCheck",
     "BatchInspector",
     "DataLoaderCheck",
     "EvalContractCheck",

@@ -381,6 +381,15 @@ _SPECS: tuple[CodeSpec, ...] = (
           when="Less than 10% progress from the step-0 loss and from the start median, with identical "
                "validation losses or no significant trend.",
           remedy="lr_up"),
+    _spec("curve.below_baseline", "warning", "The model ends below a simple baseline",
+          "A nearest-centroid or linear model on the raw inputs does better: check that the body "
+          "of the model trains (`requires_grad`, the optimizer's parameters, a frozen backbone "
+          "you meant to fine-tune), the learning rate, and the preprocessing of the inputs.",
+          when="At the last validation run, the model's accuracy (argmax of its output) on the "
+               "first validation examples is below the best simple baseline (majority class, "
+               "nearest centroid, ridge linear classifier fitted in closed form on the first "
+               "training batches) by at least 0.08 (and three standard errors), or its mean squared "
+               "error is over 1.25x the mean predictor's; judged from 150 optimizer steps on."),
     _spec("curve.lr_too_low", "warning", "Slow, straight decline: learning rate too low",
           "Raise the learning rate by 10x, or run a learning-rate finder.",
           when="Less than 10% progress with a significant decline (validation lower at every run, or a "

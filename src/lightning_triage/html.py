@@ -306,6 +306,23 @@ def _plots(report: Mapping[str, Any], plots: bool) -> Markup:
     return _join([grid, *tables])
 
 
+def _baselines(report: Mapping[str, Any]) -> Markup:
+    """The simple baselines beside the model's validation metric (``details.baselines``)."""
+    info = (report.get("details") or {}).get("baselines")
+    if not isinstance(info, Mapping) or not isinstance(info.get("values"), Mapping):
+        return Markup("")
+    values = info["values"]
+    rows = [[str(k).replace("_", "-"), v] for k, v in (values.get("scores") or {}).items()]
+    model = info.get("model")
+    if isinstance(model, Mapping):
+        rows.append([f"the model (step {model.get('step')})", model.get("value")])
+    return _join([Markup("<h2>Simple baselines</h2><p class=\"meta\">{} on the first {} "
+                         "validation examples; fitted in closed form on {} training examples "
+                         "({} features)</p>").format(
+        values.get("metric"), values.get("val_examples"), values.get("train_examples"),
+        values.get("features")), _table(["model", str(values.get("metric"))], rows)])
+
+
 def _batch_and_frames(report: Mapping[str, Any], plots: bool) -> Markup:
     figure_cls = _matplotlib() if plots else None
     parts: list[Markup] = []
@@ -459,6 +476,7 @@ def render_html(report: Mapping[str, Any], *, plots: bool = True) -> str:
         _section(_plots, report, plots),
         Markup("<h2>The protocol, in order</h2>"),
         _section(lambda: _table(["#", "stage", "result", "findings"], _stage_rows(report))),
+        _section(_baselines, report),
         _section(_batch_and_frames, report, plots),
         Markup("<h2>Findings ({})</h2>").format(len(report.get("findings", []))),
         _section(_findings, report),

@@ -72,6 +72,12 @@ def _verified(f: Finding) -> bool:
     return remedy_verdict(f) == "confirmed"
 
 
+def _mostly_frozen(f: Finding) -> bool:
+    """Whether at least half of the model's parameters are frozen (``f``'s evidence)."""
+    share = f.evidence.get("frozen_share")
+    return isinstance(share, (int, float)) and share >= 0.5
+
+
 # --------------------------------------------------------------------------------------------
 # The suspicions (a suspicion without a symptom is info; docs/report.md)
 # --------------------------------------------------------------------------------------------
@@ -330,6 +336,8 @@ _SCALE_CURVES = ("curve.not_learning", "curve.lr_too_low", "curve.lr_too_high", 
 # A loss with a floor (label smoothing, a penalty term, seen by the overfit probe): the cause of
 # a curve that cannot fall, once a larger learning rate did not cure it (the suspicion's rule).
 _LOSS_FLOOR = frozenset({"overfit.loss_floor"})
+# A model that ends below a simple baseline (majority, nearest centroid, linear).
+_BELOW_BASELINE = frozenset({"curve.below_baseline"})
 
 #: The rows of :data:`EXPLANATIONS`, in the order they are tried: for one symptom, the first row
 #: that finds an explaining finding in the report decides (a cause verified on a copy first, then
@@ -362,6 +370,15 @@ _EXPLANATION_ROWS: tuple[Explanation, ...] = (
                 same_step=True, only_if=_overflowed_by_itself),
     *(Explanation(code, _BLOW_UPS, layered_numerics=True, within_steps=SPIKE_WINDOW)
       for code in _SPIKES),
+    # a model below a simple baseline: explained by what stops it learning; it explains a flat
+    # or stuck curve in turn (the model is not useless by chance, it learns less than a line)
+    Explanation("curve.below_baseline", _NOT_LEARNING_CAUSES | _SHRUNK_UPDATE
+                | _MISALIGNED_LABELS, layered_numerics=True),
+    *(Explanation(code, _BELOW_BASELINE) for code in ("curve.not_learning",
+                                                      "curve.plateau_at_chance")),
+    # a slow decline of a model that is mostly frozen is not a learning rate to raise
+    Explanation("curve.lr_too_low", _BELOW_BASELINE, only_if=_mostly_frozen,
+                symptom_if=lambda f: not _verified(f)),
 )
 
 #: The explanations: symptom code -> the rows that explain it, tried in order (see

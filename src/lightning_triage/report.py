@@ -629,6 +629,38 @@ def _problem_line(f: Mapping[str, Any], width: int) -> Any:
     return line
 
 
+def baseline_line(report: Mapping[str, Any]) -> str | None:
+    """The simple baselines beside the model's validation metric, in one line (``None`` when
+    the report has none: ``details.baselines``, written by ``BaselineCheck``).
+
+    Example:
+        >>> details = {"baselines": {"values": {
+        ...     "task": "classification", "metric": "accuracy", "val_examples": 256,
+        ...     "scores": {"majority": 0.1, "nearest_centroid": 0.87, "linear": 0.88}},
+        ...     "model": {"step": 180, "value": 0.92}}}
+        >>> print(baseline_line({"details": details}))  # doctest: +NORMALIZE_WHITESPACE
+        baselines (accuracy on 256 validation examples): majority 0.1, nearest-centroid 0.87,
+        linear 0.88; model 0.92 at step 180
+    """
+    info = (report.get("details") or {}).get("baselines")
+    if not isinstance(info, Mapping) or not isinstance(info.get("values"), Mapping):
+        return None
+    values = info["values"]
+    scores = values.get("scores") or {}
+    shown = ", ".join(f"{str(k).replace('_', '-')} {_number(v)}" for k, v in scores.items())
+    line = (f"baselines ({values.get('metric', '?')} on {values.get('val_examples', '?')} "
+            f"validation examples): {shown}")
+    model = info.get("model")
+    if isinstance(model, Mapping):
+        line += f"; model {_number(model.get('value'))} at step {model.get('step')}"
+    return line
+
+
+def _number(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else str(value)
+
+
 def print_report(report: Mapping[str, Any], console: Any | None = None,
                  path: Path | None = None) -> None:
     """Print a short summary with rich: "start here" (what, why, next), then one line per
@@ -671,6 +703,9 @@ def print_report(report: Mapping[str, Any], console: Any | None = None,
     if infos:
         console.print(Text(plain(f"  info: {', '.join(dict.fromkeys(infos))}", 2000), style="dim"),
                       no_wrap=True, overflow="ellipsis", crop=True)
+    baselines = baseline_line(report)
+    if baselines is not None:
+        console.print(Text(plain(baselines, 400)))
     checks = report.get("checks", [])
     failed = sum(c["status"] in ("failed", "error") for c in checks)
     passed = sum(c["status"] == "passed" for c in checks)

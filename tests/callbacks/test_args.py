@@ -14,6 +14,7 @@ import torch
 
 from lightning_triage import (
     AutocastCheck,
+    BaselineCheck,
     BatchInspector,
     DataLoaderCheck,
     EvalContractCheck,
@@ -41,6 +42,8 @@ KEY = 1.5  # not a key, an index nor a callable
 #: For every public class, a bad value of each of its arguments.
 BAD: dict[type, dict[str, Any]] = {
     AutocastCheck: dict(forward_fn=3, input_key=KEY, target_key=KEY, max_examples=0, strict="no"),
+    BaselineCheck: dict(input_key=KEY, target_key=KEY, max_train_batches=0, max_val_batches=0,
+                        max_examples=1, min_steps=-1, strict="no"),
     DataLoaderCheck: dict(num_batches=0, strict="no"),
     EvalContractCheck: dict(stochastic_eval="yes", task="nope", num_classes=1, ignore_index=1.5,
                             input_key=KEY, target_key=KEY, max_examples=0, min_steps=-1,
@@ -192,6 +195,7 @@ def test_triage_passes_the_batch_keys_to_every_check_that_reads_the_batch() -> N
     readers = [c for c in triage.checks if "input_key" in inspect.signature(type(c)).parameters]
     assert {type(c).__name__ for c in readers} == {
         "BatchInspector", "WorstErrors", "InitialLossCheck", "OverfitBatchCheck", "StructureProbe",
-        "PaddingProbe", "EvalContractCheck", "LossCurveMonitor", "NonFiniteTracer", "AutocastCheck"}
+        "PaddingProbe", "EvalContractCheck", "LossCurveMonitor", "NonFiniteTracer", "AutocastCheck",
+        "BaselineCheck"}
     for check in readers:
         assert (check.input_key, check.target_key) == (inputs, "y"), type(check).__name__

@@ -7,6 +7,9 @@ from lightning_triage.callbacks.autocast_check import (
 from lightning_triage.callbacks.base import (
     TriageCallback,
 )
+from lightning_triage.callbacks.baseline_check import (
+    BaselineCheck,
+)
 from lightning_triage.callbacks.batch_inspector import (
     BatchInspector,
 )
@@ -88,6 +91,7 @@ def check_stages() -> dict[str, str]:
 __all__ = [
     "CHECKS",
     "AutocastCheck",
+    "BaselineCheck",
     "BatchInspector",
     "DataLoaderCheck",
     "EvalContractCheck",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from lightning_triage.callbacks.autocast_check import AutocastCheck
 from lightning_triage.callbacks.base import TriageCallback
+from lightning_triage.callbacks.baseline_check import BaselineCheck
 from lightning_triage.callbacks.batch_inspector import BatchInspector
 from lightning_triage.callbacks.dataloader_check import DataLoaderCheck
 from lightning_triage.callbacks.eval_contract import EvalContractCheck
@@ -37,6 +38,7 @@ CHECKS: tuple[type[TriageCallback], ...] = (
     EvalModeCheck,
     EvalContractCheck,
     LossCurveMonitor,
+    BaselineCheck,
     GradientMonitor,
     AutocastCheck,
     NonFiniteTracer,

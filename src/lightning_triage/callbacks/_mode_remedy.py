@@ -87,6 +87,11 @@ class _DropoutGate(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def dropout_gate() -> TorchFunctionMode:
+    """A mode in which the dropout calls act as in eval mode (see :class:`_DropoutGate`)."""
+    return _DropoutGate()
+
+
 @contextmanager
 def _forced_eval(module: nn.Module) -> Iterator[None]:
     """Every submodule of ``module`` in eval mode at its forward, whatever the user's code set."""
@@ -217,4 +222,4 @@ def eval_remedy_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, batch:
             "seconds": round(time.perf_counter() - started, 3)}
 
 
-__all__ = ["CHANGES", "eval_remedy_trial"]
+__all__ = ["CHANGES", "dropout_gate", "eval_remedy_trial"]

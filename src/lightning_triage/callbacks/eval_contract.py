@@ -17,11 +17,12 @@ from typing_extensions import override
 
 from lightning_triage._compat import forward_context, hook_takes, is_overridden
 from lightning_triage.callbacks._args import BundleArg, check_batch_keys, check_bool, check_int, passes
-from lightning_triage.callbacks._mode_remedy import eval_remedy_trial
+from lightning_triage.callbacks._mode_remedy import dropout_gate, eval_remedy_trial
 from lightning_triage.callbacks._shared import loss_from_outputs, validate_task
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, ChanceLevel, Task, resolve_chance
+from lightning_triage.functional.draws import DrawWatch
 from lightning_triage.functional.eval_contracts import (
     GAP_MIN_STEPS,
     GapRun,
@@ -31,6 +32,8 @@ from lightning_triage.functional.eval_contracts import (
     first_divergence,
     first_scale_change,
     nondeterministic_eval,
+    sampling_eval,
+    unique,
 )
 from lightning_triage.functional.hooks import capture_last_output
 from lightning_triage.probing import (
@@ -216,11 +219,15 @@ class EvalContractCheck(TriageCallback):
 
     # ------------------------------------------------------------------ determinism
     def _validation_pass(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                         seed: int) -> list[ModuleCall]:
+                         seed: int, gated: bool = False) -> tuple[list[ModuleCall], DrawWatch]:
+        """One eval-mode run of ``validation_step`` on a copy: the module calls and the random
+        draws (the dropout calls gated on the mode when ``gated``)."""
         small = copy_first_examples(batch, self.max_examples, self.input_key, self.target_key)
         trace = CallTrace()
+        watch = DrawWatch()
         with eval_copy(trainer, pl_module, None) as probe, trace.attached(probe.module), \
-                torch.no_grad(), forward_context(trainer), user_code():
+                torch.no_grad(), forward_context(trainer), user_code(), \
+                _maybe(dropout_gate(), gated), watch:
             _seed_all(seed)
             step = probe.module.validation_step
             args: tuple[Any, ...] = (small,)
@@ -228,7 +235,7 @@ class EvalContractCheck(TriageCallback):
                 args = (small, 0, 0) if hook_takes(step, "dataloader_idx", min_args=3) \
                     else (small, 0)
             step(*args)
-        return trace.calls
+        return trace.calls, watch
 
     def _determinism(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> str:
         """One eval-mode probe of ``validation_step``; returns what it found (for the detail)."""
@@ -237,8 +244,8 @@ class EvalContractCheck(TriageCallback):
         if not is_overridden("validation_step", pl_module):
             return "skipped (no validation_step)"
         try:
-            a, b, again = (self._validation_pass(trainer, pl_module, batch, seed)
-                           for seed in (1, 2, 1))
+            (a, watch), (b, _), (again, _) = (self._validation_pass(trainer, pl_module, batch, seed)
+                                              for seed in (1, 2, 1))
         except UserCodeError as err:
             return f"skipped (validation_step raised {err.describe()} on a copy)"
         except ProbeUnavailableError as exc:
@@ -250,6 +257,18 @@ class EvalContractCheck(TriageCallback):
             return "outputs differ even from the same random state (not the RNG): not judged"
         if any(call.training for call in a):
             return "modules in training mode during validation (see EvalModeCheck)"
+        if watch.sampled and not watch.dropouts:  # the objective samples (noise, mask, latent)
+            self.add_verdict(trainer, sampling_eval(watch.draws, step=trainer.global_step),
+                             sanity_check=bool(trainer.sanity_checking))
+            return f"random by design (validation_step draws {', '.join(unique(watch.draws))})"
+        if watch.sampled:
+            # dropout on top of the objective's draws: the first call dropout changes, from the
+            # same random state with the dropout calls gated, is where dropout drew
+            try:
+                gated, _ = self._validation_pass(trainer, pl_module, batch, 1, gated=True)
+                divergence = first_divergence(a, gated) or divergence
+            except (UserCodeError, ProbeUnavailableError):
+                pass
         inputs = split_batch(batch, self.input_key, self.target_key).inputs
         n = min(self.max_examples, int(inputs.shape[0])) if inputs is not None \
             and inputs.dim() > 0 else self.max_examples
@@ -259,8 +278,8 @@ class EvalContractCheck(TriageCallback):
                 trainer, pl_module, batch, "gate_dropout", max_examples=self.max_examples,
                 input_key=self.input_key, target_key=self.target_key)
         self.add_verdict(trainer, nondeterministic_eval(
-            divergence, examples=n, root=type(pl_module).__name__, step=trainer.global_step),
-            sanity_check=bool(trainer.sanity_checking), **extra)
+            divergence, examples=n, root=type(pl_module).__name__, step=trainer.global_step,
+            dropouts=watch.dropouts, draws=watch.draws), sanity_check=bool(trainer.sanity_checking), **extra)
         return f"random: first differs at `{divergence.call.name or type(pl_module).__name__}`"
 
     # ------------------------------------------------------------------ loss gap

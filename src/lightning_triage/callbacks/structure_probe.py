@@ -30,6 +30,7 @@ from lightning_triage.callbacks.base import guarded
 from lightning_triage.functional import structure_rules as rules
 from lightning_triage.functional.batch import BatchKey, locate_batch, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
+from lightning_triage.functional.coupling import CouplingWatch
 from lightning_triage.functional.structure import (
     DEFAULT_TOLERANCE,
     LossWatch,
@@ -479,8 +480,9 @@ class StructureProbe(ProbeCallback):
         if not self._gate(trainer, 2, True):
             self.results["batch_mixing"] = "skipped: another rank could not run it"
             return 0
-        rec_g, watch, out_g, leaf = self._gradient_pass(trainer, pl_module, choice, x_g, y_g,
-                                                        x.shape[0])
+        with CouplingWatch(int(x.shape[0])) as coupling:  # what the objective couples
+            rec_g, watch, out_g, leaf = self._gradient_pass(trainer, pl_module, choice, x_g,
+                                                            y_g, x.shape[0])
         head_name, head = self._head(rec_g, out_g, x.shape[0])
         if leaf is None or head is None or not head.requires_grad:
             self.results["batch_mixing"] = "skipped: the head output does not depend on the inputs"
@@ -488,6 +490,7 @@ class StructureProbe(ProbeCallback):
         self.results["probe_input"] = choice.description
         run = _GradientRun(rec_g, leaf, head_name, head, choice.description, deadline)
         self._batch_mixing(trainer, pl_module, run, watch)
+        self._coupled(trainer, pl_module, run, coupling)
         if reason is None and watch is not None:  # `labels = input_ids`, shifted in the loss
             reason = rules.causal_reason(self.causal, x, y, self.ignore_index, watch.loss_targets)
         if reason is not None:
@@ -581,6 +584,21 @@ class StructureProbe(ProbeCallback):
                 label, self._layer(first) or self._layer(out_name), first, where, mix,
                 run.probe_input, int(leaf.shape[0])))
             return
+
+    def _coupled(self, trainer: pl.Trainer, pl_module: pl.LightningModule, run: _GradientRun,
+                 coupling: CouplingWatch) -> None:
+        """The examples are independent per output and the objective couples them on purpose
+        (a score matrix, in-batch similarities, batch statistics): said at info."""
+        result = str(self.results.get("batch_mixing", ""))
+        if not result.startswith("ok"):
+            return
+        score = result.split(" is an example-by-example", 1)[0][4:] if ": " in result else None
+        if score is None and not coupling.coupled:
+            return
+        self.add_verdict(trainer, rules.coupled_by_design(
+            f"the output of `{self._label(pl_module, run.head_name)}`", pairs=coupling.pairs,
+            statistics=coupling.statistics, score_matrix=score,
+            batch_size=int(run.leaf.shape[0])))
 
     def _causal(self, trainer: pl.Trainer, pl_module: pl.LightningModule, run: _GradientRun,
                 reason: str) -> None:

@@ -128,11 +128,51 @@ def _parent(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else ""
 
 
+def unique(names: Sequence[str], at_most: int = 4) -> list[str]:
+    """``names`` without repeats, in order, at most ``at_most`` of them.
+
+    Example:
+        >>> unique(["randn", "randint", "randn"])
+        ['randn', 'randint']
+    """
+    return list(dict.fromkeys(names))[:at_most]
+
+
+def _ticked(names: Sequence[str]) -> str:
+    return ", ".join(f"`{n}`" for n in unique(names))
+
+
+def sampling_eval(draws: Sequence[str], *, step: int | None = None) -> Verdict:
+    """``mode.nondeterministic_eval`` at info: the validation outputs differ between random
+    states because ``validation_step`` draws random numbers other than dropout (``draws``: the
+    noise and timesteps of diffusion, a masked autoencoder's mask, a VAE's sampled latent). The
+    objective samples: evaluation is random by design, not left in training mode.
+
+    Example:
+        >>> v = sampling_eval(["randn", "randint", "randn"])
+        >>> v.severity, v.evidence["draws"]
+        ('info', ['randn', 'randint'])
+        >>> print(v.message)  # doctest: +NORMALIZE_WHITESPACE
+        `validation_step` draws `randn`, `randint` (no dropout active in eval mode): the objective
+        samples; evaluation is random by design.
+    """
+    return Verdict(
+        "mode.nondeterministic_eval", step,
+        f"`validation_step` draws {_ticked(draws)} (no dropout active in eval mode): the "
+        "objective samples; evaluation is random by design.",
+        evidence={"draws": unique(draws), "dropouts": [], "by_design": True},
+        severity="info",
+    )
+
+
 def nondeterministic_eval(divergence: Divergence, *, examples: int, root: str,
-                          step: int | None = None) -> Verdict:
+                          step: int | None = None, dropouts: Sequence[str] = (),
+                          draws: Sequence[str] = ()) -> Verdict:
     """``mode.nondeterministic_eval``: where two eval-mode passes of ``validation_step`` over
     the same ``examples`` validation examples first differed. ``root`` is the model's class
-    name (for the top-level module, whose name is ``""``).
+    name (for the top-level module, whose name is ``""``). ``dropouts`` names the dropout calls
+    that drew in eval mode, ``draws`` the objective's other random draws (see
+    :class:`~lightning_triage.functional.draws.DrawWatch`), when known.
 
     The layer is the module whose own code holds the randomness: the first differing module
     when its input agreed on both passes, else the module calling it (its input already
@@ -163,15 +203,21 @@ def nondeterministic_eval(divergence: Divergence, *, examples: int, root: str,
     diff = divergence.difference
     shown_diff = "different calls" if math.isinf(diff) else f"largest difference {diff:.3g} of " \
         "the output's magnitude"
+    drew = ""
+    if dropouts:
+        drew = f" Dropout is active in eval mode ({_ticked(dropouts)} dropped values)"
+        drew += (f", besides the objective's own draws ({_ticked(draws)}, random by design)."
+                 if draws else ".")
     return Verdict(
         "mode.nondeterministic_eval", step,
         f"In eval mode, two runs of `validation_step` on the same {examples} validation "
-        f"example(s), from two random states, gave different outputs ({shown_diff}). {text}.",
+        f"example(s), from two random states, gave different outputs ({shown_diff}). {text}."
+        f"{drew}",
         layer=layer,
         evidence={"module": call.name, "module_type": call.kind, "previous": divergence.previous,
                   "input_differs": divergence.input_differs,
                   "relative_difference": None if math.isinf(diff) else diff,
-                  "examples": examples},
+                  "examples": examples, "dropouts": unique(dropouts), "draws": unique(draws)},
     )
 
 
@@ -336,4 +382,4 @@ __all__ = ["DIFF_TOLERANCE", "GAP_MIN_FRACTION", "GAP_MIN_STEPS", "GAP_RATIO", "
            "SCALE_FACTOR", "START_RATIO", "START_TRAIN_MAX",
            "Divergence", "GapRun", "ModuleCall", "eval_broken_before_training", "eval_loss_gap",
            "first_divergence", "first_scale_change",
-           "nondeterministic_eval", "relative_difference"]
+           "nondeterministic_eval", "relative_difference", "sampling_eval", "unique"]

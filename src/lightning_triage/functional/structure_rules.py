@@ -148,6 +148,42 @@ def batch_mixing(label: str, layer: str | None, first: str | None, where: str,
     )
 
 
+def coupled_by_design(judged: str, *, pairs: Sequence[Sequence[int]] = (),
+                      statistics: Sequence[str] = (), score_matrix: str | None = None,
+                      batch_size: int = 0) -> Verdict:
+    """``structure.batch_mixing`` at info: the objective couples the batch's examples on purpose
+    (``pairs``: the shapes of in-batch similarity matrices; ``statistics``: reductions over the
+    batch; ``score_matrix``: an output that is an example-by-example score matrix), while
+    ``judged`` (the per-example output the probe differentiated) is independent per example.
+
+    Example:
+        >>> v = coupled_by_design("the output of `image`", pairs=[(16, 16)], batch_size=16)
+        >>> v.severity, v.evidence["in_batch_pairs"]
+        ('info', [[16, 16]])
+        >>> print(v.message)  # doctest: +NORMALIZE_WHITESPACE
+        The objective couples the batch's examples on purpose: a (16, 16) matrix of scores
+        between the batch's examples (in-batch negatives). In eval mode the output of `image`
+        does not mix examples: coupled by design (as CLIP's InfoNCE, SimCLR's NT-Xent, VICReg or
+        Barlow Twins), not batch mixing.
+    """
+    what = [f"{score_matrix} is an example-by-example score matrix"] if score_matrix else []
+    what += [f"a ({a}, {b}) matrix of scores between the batch's examples (in-batch negatives)"
+             for a, b in list(dict.fromkeys(tuple(p) for p in pairs))[:2]]
+    stats = list(dict.fromkeys(statistics))[:4]
+    if stats:
+        what.append("statistics over the batch (" + ", ".join(f"`{s}`" for s in stats) + ")")
+    return Verdict(
+        "structure.batch_mixing", 0,
+        f"The objective couples the batch's examples on purpose: {'; '.join(what)}. In eval mode "
+        f"{judged} does not mix examples: coupled by design (as CLIP's InfoNCE, SimCLR's "
+        "NT-Xent, VICReg or Barlow Twins), not batch mixing.",
+        evidence={"by_design": True, "output": judged, "score_matrix": score_matrix,
+                  "in_batch_pairs": [list(p) for p in dict.fromkeys(tuple(p) for p in pairs)],
+                  "batch_statistics": stats, "batch_size": batch_size},
+        severity="info",
+    )
+
+
 def causal_leak(head_label: str, layer: str | None, first: str | None, where: str,
                 dep: CausalDependence, reason: str, probe_input: str, length: int,
                 positions: list[int]) -> Verdict:
@@ -314,6 +350,7 @@ __all__ = [
     "batch_mixing",
     "causal_leak",
     "causal_reason",
+    "coupled_by_design",
     "framework_broadcasts",
     "label_misaligned",
     "padding_leak",

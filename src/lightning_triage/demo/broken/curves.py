@@ -30,6 +30,16 @@ class WideMLP(DigitsMLP):
         super().__init__(hidden=256, optimizer="adam", **kwargs)
 
 
+class FrozenBodyMLP(DigitsMLP):
+    """A 64-16-10 MLP whose hidden layer is frozen by mistake (``requires_grad_(False)``): the
+    head alone trains on 16 random features (``frozen=False``: the fix)."""
+
+    def __init__(self, frozen: bool = True, **kwargs: Any) -> None:
+        super().__init__(hidden=16, **kwargs)
+        if frozen:
+            self.net[0].requires_grad_(False)
+
+
 def small_loaders(n: int = 64) -> Loaders:
     """``n`` training examples (64: two batches), the whole validation set."""
     x, y, xv, yv = load_digits_tensors()
@@ -64,6 +74,10 @@ CURVE_RUNS: list[Scenario] = [
     # issue 14's causes: the report leads with them and the probe's failure names them
     Scenario("lr-1e-5", "SGD at learning rate 1e-5", "curve.lr_too_low", fit(mlp(1e-5)),
              fixed=HEALTHY, lead=True),
+    # issue 41: the loss falls, the model ends below a nearest-centroid or linear model
+    Scenario("frozen-body", "the hidden layer frozen by mistake, 4 epochs",
+             "curve.below_baseline", fit(lambda: FrozenBodyMLP(lr=0.1)), max_epochs=4,
+             fixed=fit(lambda: FrozenBodyMLP(frozen=False, lr=0.1))),
     Scenario("deep-sigmoid", "twelve layers with sigmoids between them, SGD lr 0.1",
              "grad.vanishing", deep_sigmoid, fixed=lambda: deep_sigmoid(nn.ReLU), lead=True,
              full_fix=False),  # twelve ReLU layers do not learn in 2 epochs at SGD lr 0.1
