@@ -6,7 +6,8 @@ Some are not caught yet: their entry names the code that should catch them and, 
 test to fail (``xfail(strict=True)``) until the check lands. Twins that still raise a false alarm
 of their own today are marked ``full_fix=False`` (the corpus's false-alarm table,
 ``docs/benchmarks.md``): the flag goes stale, and fails, once issue 41's checks know the
-objective.
+objective. A known miss keeps ``full_fix=True``: its test passes, and the strict mark fails,
+only once the bug is caught and its twin is silent.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ RECIPE_RUNS: list[Scenario] = [
     Scenario("vae-kl-sign",
              "VAE whose KL term is subtracted (AntixK/PyTorch-VAE#68)",
              "curve.diverging", _build(lambda: VAE(kl_sign=-1.0), digit_pixels),
-             max_epochs=4, trainer_kwargs={**_FIT, "limit_train_batches": 32},  # -5e4 by the end fixed=_build(VAE, digit_pixels),
-             full_fix=False,  # issue 41: the healthy VAE gets init.loss_above_chance today
+             max_epochs=4, trainer_kwargs={**_FIT, "limit_train_batches": 32},  # -5e4 at the end
+             fixed=_build(VAE, digit_pixels),
              known_miss="issue 41: a loss that falls without bound is read as a healthy curve"),
     # A router that receives no gradient: its probabilities detached, the experts are picked but
     # the router never learns ("Zero grad of w_gate": davidmrau/mixture-of-experts#27; the

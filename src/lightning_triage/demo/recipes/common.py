@@ -48,7 +48,7 @@ class Recipe:
         return {**FIT, **self.trainer_kwargs}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sklearn(name: str) -> tuple[Tensor, Tensor]:
     try:
         from sklearn import datasets

@@ -155,6 +155,8 @@ class Reinforce(RecipeModule):
     digit; REINFORCE with a running-mean baseline and an entropy bonus. Validation logs the
     greedy reward."""
 
+    baseline: Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.policy = mlp(64, 10)

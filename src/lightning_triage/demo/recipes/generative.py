@@ -50,6 +50,8 @@ class Denoiser(nn.Module):
 class DDPM(RecipeModule):
     """Noise prediction (epsilon MSE) at a random timestep of a 100-step linear schedule."""
 
+    alpha_bar: Tensor
+
     def __init__(self, use_time: bool = True, steps: int = 100) -> None:
         super().__init__(lr=1e-3)
         self.model = Denoiser(use_time=use_time)
@@ -98,9 +100,8 @@ class MaskedAutoencoder(RecipeModule):
         self.embed = nn.Linear(4, dim)
         self.pos = nn.Parameter(torch.randn(16, dim) * 0.02)
         self.mask_token = nn.Parameter(torch.zeros(dim))
-        layer = dict(d_model=dim, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoderLayer(**layer)
-        self.decoder = nn.TransformerEncoderLayer(**layer)
+        self.encoder = nn.TransformerEncoderLayer(dim, 2, 32, dropout=0.0, batch_first=True)
+        self.decoder = nn.TransformerEncoderLayer(dim, 2, 32, dropout=0.0, batch_first=True)
         self.head = nn.Linear(dim, 4)
         self.dim = dim
 

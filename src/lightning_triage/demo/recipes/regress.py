@@ -46,7 +46,7 @@ def huber(seed: int) -> Built:
     return Regressor(10, nn.HuberLoss(delta=1.0)), *loaders((xt, yt), (xv, yv), seed)
 
 
-def _synthetic(seed: int, n: int = 800) -> tuple[Tensor, Tensor]:
+def _synthetic(seed: int, n: int = 800) -> tuple[Tensor, torch.Generator]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 4, generator=g)
     return x, g

@@ -163,8 +163,8 @@ class CTCModel(RecipeModule):
 
 
 def _frames(n: int, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Label sequences of 2-4 symbols in 1..5, each symbol emitted for 2-3 noisy frames (2 in sequences of 4) of its
-    prototype, blank frames between; padded to 16 frames."""
+    """Label sequences of 2-4 symbols in 1..5, each symbol emitted for 2-3 noisy frames of its
+    prototype (2 in sequences of 4), blank frames between; padded to 16 frames."""
     g = torch.Generator().manual_seed(seed)
     protos = torch.randn(6, 8, generator=g)
     frames, targets = torch.zeros(n, 16, 8), torch.zeros(n, 4, dtype=torch.long)
