@@ -71,7 +71,8 @@ RECIPE_RUNS: list[Scenario] = [
              "curve.diverging", _build(lambda: VAE(kl_sign=-1.0), digit_pixels),
              max_epochs=4, trainer_kwargs={**_FIT, "limit_train_batches": 32},  # -5e4 at the end
              fixed=_build(VAE, digit_pixels),
-             known_miss="issue 41: a loss that falls without bound is read as a healthy curve"),
+             known_miss="issue 41: a loss that falls without bound is read as "
+                        "`curve.healthy` (`grad.exploding` fires)"),
     # A router that receives no gradient: its probabilities detached, the experts are picked but
     # the router never learns ("Zero grad of w_gate": davidmrau/mixture-of-experts#27; the
     # router's gradient path: lucidrains/mixture-of-experts#7).
