@@ -59,6 +59,8 @@ __all__ = [
     "NonFiniteTracer",
     "OverfitBatchCheck",
     "PaddingProbe",
+    "RankDataCheck",
+    "ReplicaCheck",
     "StructureProbe",
     "Triage",
     "TriageCallback",

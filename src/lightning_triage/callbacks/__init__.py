@@ -40,6 +40,12 @@ from lightning_triage.callbacks.overfit_batch import (
 from lightning_triage.callbacks.padding_probe import (
     PaddingProbe,
 )
+from lightning_triage.callbacks.rank_data import (
+    RankDataCheck,
+)
+from lightning_triage.callbacks.replica_check import (
+    ReplicaCheck,
+)
 from lightning_triage.callbacks.report import (
     TriageReport,
 )
@@ -99,6 +105,8 @@ __all__ = [
     "NonFiniteTracer",
     "OverfitBatchCheck",
     "PaddingProbe",
+    "RankDataCheck",
+    "ReplicaCheck",
     "StructureProbe",
     "Triage",
     "TriageCallback",
