@@ -177,8 +177,8 @@ def _overlap(ranks: Sequence[RankBatches]) -> tuple[int, int, float]:
     overlapping = sum(len(s & set().union(*(o for j, o in enumerate(sets) if j != i)))
                       for i, s in enumerate(sets))
     distinct = sum(len(s) for s in sets)
-    repeats = max(((len(r.flat) - len(s)) / len(r.flat) for r, s in zip(ranks, sets) if r.flat),
-                  default=0.0)
+    repeats = max(((len(r.flat) - len(s)) / len(r.flat)
+                   for r, s in zip(ranks, sets, strict=True) if r.flat), default=0.0)
     return overlapping, distinct, repeats
 
 
@@ -231,7 +231,8 @@ def _shuffler(samplers: Sequence[SamplerInfo]) -> SamplerInfo | None:
     """The sampler that says it shuffles, preferring one Lightning cannot reach."""
     shuffling = [s for s in samplers if s.shuffle]
     unreached = [s for s in shuffling if s.has_set_epoch and not s.epoch_reached]
-    return (unreached or shuffling or [None])[0]
+    found = unreached or shuffling
+    return found[0] if found else None
 
 
 def reshuffle_rule(loader: str, first: Sequence[RankBatches], later: Sequence[RankBatches],
@@ -250,7 +251,7 @@ def reshuffle_rule(loader: str, first: Sequence[RankBatches], later: Sequence[Ra
     if not first or len(first) != len(later):
         return None
     same = all(a.flat and len(set(a.flat)) > 1 and a.flat == b.flat[:len(a.flat)]
-               and len(b.flat) >= len(a.flat) for a, b in zip(first, later))
+               and len(b.flat) >= len(a.flat) for a, b in zip(first, later, strict=True))
     shuffler = _shuffler(first[0].samplers)
     if not same or shuffler is None:
         return None
