@@ -25,6 +25,8 @@ from lightning_triage import (
     NonFiniteTracer,
     OverfitBatchCheck,
     PaddingProbe,
+    RankDataCheck,
+    ReplicaCheck,
     StructureProbe,
     Triage,
     TriageConfigError,
@@ -72,6 +74,8 @@ BAD: dict[type, dict[str, Any]] = {
     StructureProbe: dict(causal="yes", forward_fn=3, input_key=KEY, target_key=KEY,
                          max_examples=1, tolerance=1.0, time_budget=0, ignore_index="x",
                          strict="no"),
+    RankDataCheck: dict(num_batches=0, input_key=KEY, target_key=KEY, strict="no"),
+    ReplicaCheck: dict(check_every_n_steps=0, strict="no"),
     TriageReport: dict(report_dir=3, verbose="yes", html="yes", log_findings="yes", verify_remedies="yes",
                        fail_on="fatal", strict="no"),
     WorstErrors: dict(k=0, input_key=KEY, target_key=KEY, index_key=KEY, image_shape=(0, 8),
@@ -192,6 +196,7 @@ def test_triage_passes_the_batch_keys_to_every_check_that_reads_the_batch() -> N
     readers = [c for c in triage.checks if "input_key" in inspect.signature(type(c)).parameters]
     assert {type(c).__name__ for c in readers} == {
         "BatchInspector", "WorstErrors", "InitialLossCheck", "OverfitBatchCheck", "StructureProbe",
-        "PaddingProbe", "EvalContractCheck", "LossCurveMonitor", "NonFiniteTracer", "AutocastCheck"}
+        "PaddingProbe", "EvalContractCheck", "LossCurveMonitor", "NonFiniteTracer", "AutocastCheck",
+        "RankDataCheck"}
     for check in readers:
         assert (check.input_key, check.target_key) == (inputs, "y"), type(check).__name__

@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from lightning_triage.callbacks._args import check_int
+from lightning_triage.callbacks._args import check_batch_keys, check_int
 from lightning_triage.callbacks._shared import gather_objects, loader_name, train_loaders
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, locate_batch
@@ -44,10 +44,12 @@ class RankDataCheck(TriageCallback):
     Args:
         num_batches: training batches fingerprinted per rank, in the first epoch and the next.
         input_key: where the inputs are in a batch (as for :class:`BatchInspector`).
+        target_key: where the targets are (tells the inputs apart from them).
         strict: raise internal errors instead of disabling the check.
 
     Raises:
-        TriageConfigError: for ``num_batches`` below 1.
+        TriageConfigError: for ``num_batches`` below 1, or an ``input_key`` or
+            ``target_key`` that is not a key, an index or a callable.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -64,14 +66,17 @@ class RankDataCheck(TriageCallback):
     stage: ClassVar[str] = "data"
     codes: ClassVar[tuple[str, ...]] = ("data.ranks_same_data", "data.ranks_overlap",
                                         "data.order_not_reshuffled")
-    bundle_args: ClassVar[dict[str, Any]] = {"input_key": "input_key"}
+    bundle_args: ClassVar[dict[str, Any]] = {"input_key": "input_key",
+                                              "target_key": "target_key"}
 
     def __init__(self, *, num_batches: int = 4, input_key: BatchKey | None = None,
-                 strict: bool = False) -> None:
+                 target_key: BatchKey | None = None, strict: bool = False) -> None:
         super().__init__(strict=strict)
         check_int("num_batches", num_batches, 1)
+        check_batch_keys(input_key=input_key, target_key=target_key)
         self.num_batches = num_batches
         self.input_key = input_key
+        self.target_key = target_key
         self._loader = "train_dataloader"
         self._samplers: list[SamplerInfo] = []
         self._iterable = False
@@ -146,7 +151,7 @@ class RankDataCheck(TriageCallback):
         self.detail = f"could not fingerprint a batch: {type(exc).__name__}: {exc}"
 
     def _fingerprints(self, batch: Any) -> list[int]:
-        x = locate_batch(batch, self.input_key).inputs
+        x = locate_batch(batch, self.input_key, self.target_key).inputs
         if x is None or x.ndim == 0 or x.layout != torch.strided or x.is_nested:
             return []
         return example_fingerprints(x.detach())
