@@ -81,9 +81,12 @@ class ReplicaCheck(TriageCallback):
         if self.disabled:
             return
         sharded = sharded_strategy(trainer)
-        if trainer.world_size < 2 or sharded is not None:
-            why = f"`{sharded}` shards the parameters" if sharded else "a single process"
-            self.skip(f"skipped: {why} (no replicas to compare)")
+        if trainer.world_size < 2:
+            self.mark_ran("a single process: no replicas to compare")  # as autocast under 32-true
+            self.idle = True
+            return
+        if sharded is not None:
+            self.mark_ran(f"skipped: `{sharded}` shards the parameters (no replicas to compare)")
             self.idle = True
             return
         self._entries = replica_entries(pl_module)

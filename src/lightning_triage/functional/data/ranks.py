@@ -108,7 +108,7 @@ def _reachable(loader: Any) -> Iterator[tuple[str, Any]]:
     (one level, read-only: ``vars()`` only, no property is called)."""
     for name in ("sampler", "batch_sampler"):
         obj = getattr(loader, name, None)
-        if obj is None or not _is_sampler(obj):
+        if obj is None:
             continue
         yield name, obj
         for attr, value in sorted(vars(obj).items()) if hasattr(obj, "__dict__") else ():
