@@ -286,7 +286,7 @@ _SPECS: tuple[CodeSpec, ...] = (
           "`if trainer.is_global_zero`), a step skipped or clipped on one rank only, a "
           "rank-dependent initialization after the model was wrapped. Make every rank take the "
           "same decisions (`trainer.strategy.reduce_boolean_decision`, `broadcast`).",
-          when="Under several ranks, a parameter's checksum (float64 sum and norm) differs "
+          when="Under several ranks, a parameter's checksum (its sum and norm) differs "
                "between ranks at fit start, after the first optimizer step or at a periodic "
                "check."),
     _spec("wiring.buffers_differ", "warning", "The ranks hold different buffers",

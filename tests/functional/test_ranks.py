@@ -115,7 +115,7 @@ def test_replica_checksums_name_the_first_differing_tensor() -> None:
     assert {e.name for e in entries if e.batchnorm} == {"1.running_mean", "1.running_var",
                                                        "1.num_batches_tracked"}
     a = checksums(entries)
-    assert a.dtype == torch.float64 and a.shape == (len(entries), 2)
+    assert a.dtype == torch.float64 and a.shape == (len(entries), 3)
     assert differing(torch.stack([a, a.clone()])) == []
     with torch.no_grad():
         net[2].bias.add_(1e-4)

@@ -23,8 +23,8 @@ from lightning_triage.functional.replicas import (
 class ReplicaCheck(TriageCallback):
     """Check that every rank of a data-parallel run holds the same parameters and buffers.
 
-    Each rank reduces every parameter and buffer to two float64 numbers (its sum and its norm,
-    on its device), and the ranks gather them in one collective (a few KB): at the start of
+    Each rank reduces every parameter and buffer to a few numbers (its sum and its norm, on its
+    device), and the ranks gather them in one collective (a few KB): at the start of
     training, after the first optimizer step, every ``check_every_n_steps`` optimizer steps
     and at the end of training. Between two checks nothing runs: no collective, no host read.
     A parameter that differs is named with the step (the first check that saw it: the change
@@ -117,7 +117,7 @@ class ReplicaCheck(TriageCallback):
             if self.strict:
                 raise
             self.detail = f"could not compute a checksum: {type(exc).__name__}: {exc}"
-            local = torch.full((len(self._entries), 2), float("nan"), dtype=torch.float64,
+            local = torch.full((len(self._entries), 3), float("nan"), dtype=torch.float64,
                                device=self._entries[0].tensor.device if self._entries else None)
         rows = trainer.strategy.all_gather(local)
         step, previous = trainer.global_step, self._last

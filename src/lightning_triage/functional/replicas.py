@@ -1,7 +1,8 @@
 """Replicas agree: checksums of a module's parameters and buffers, compared across ranks.
 
 Pure functions over tensors (no Lightning, no collective): :func:`checksums` turns each tensor
-into two float64 numbers (its sum and its norm) on the tensors' device, the caller gathers one
+into three numbers (its sum, its 2-norm, and a bound on its 1-norm that scales the sum's
+rounding) on the tensors' device, the caller gathers one
 row per rank (one collective), :func:`differing` finds the tensors whose rows disagree (one host
 read) and :func:`replicas_rule` turns the first of them into a verdict.
 
@@ -19,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,9 +29,14 @@ from torch import Tensor, nn
 
 from lightning_triage.functional.verdict import Verdict
 
-#: Relative difference of two ranks' checksums reported (replicas of a data-parallel run are
-#: bit-identical: the margin only absorbs a reduction order that differs between devices).
-RTOL = 1e-9
+#: Relative difference of two ranks' checksums reported, against ``sqrt(numel)`` times the
+#: tensor's 2-norm (a bound on its 1-norm, the scale of a sum's rounding) or its 2-norm. The
+#: replicas of a data-parallel run are bit-identical: the margin only absorbs a reduction order
+#: that differs between processes (the reductions run in float32 for tensors of 32 bits or
+#: fewer: float64 reductions are several times slower on CPU).
+RTOL = 1e-6
+#: For each checksum column (sum, 2-norm, 1-norm bound), the column that gives its scale.
+_SCALE = [2, 1, 2]
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
@@ -56,10 +63,11 @@ def replica_entries(module: nn.Module) -> list[ReplicaEntry]:
 
 
 def checksums(entries: Sequence[ReplicaEntry]) -> Tensor:
-    """A ``[len(entries), 2]`` float64 tensor: each tensor's sum and 2-norm, computed in float64
-    without a float64 copy (on the first tensor's device; no host read)."""
+    """A ``[len(entries), 3]`` float64 tensor: each tensor's sum, 2-norm and ``sqrt(numel)``
+    times its 2-norm (a bound on the 1-norm, the scale of the sum's rounding), reduced in float32
+    (float64 for float64 tensors) without a copy (on the first tensor's device; no host read)."""
     if not entries:
-        return torch.zeros(0, 2, dtype=torch.float64)
+        return torch.zeros(0, 3, dtype=torch.float64)
     device = entries[0].tensor.device
     rows = []
     with torch.no_grad():
@@ -67,28 +75,28 @@ def checksums(entries: Sequence[ReplicaEntry]) -> Tensor:
             t = e.tensor.detach()
             if t.is_complex():
                 t = torch.view_as_real(t)
-            if t.is_floating_point():
-                pair = (t.sum(dtype=torch.float64), torch.linalg.vector_norm(t, dtype=torch.float64))
-            else:
-                d = t.to(torch.float64)
-                pair = (d.sum(), torch.linalg.vector_norm(d))
-            rows.append(torch.stack(pair).to(device))
+            if not t.is_floating_point():
+                t = t.to(torch.float64)
+            acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+            norm = torch.linalg.vector_norm(t, dtype=acc)
+            triple = (t.sum(dtype=acc), norm, norm * math.sqrt(max(t.numel(), 1)))
+            rows.append(torch.stack(triple).to(device, torch.float64))
     return torch.stack(rows)
 
 
 def differing(rows: Tensor, rtol: float = RTOL) -> list[int]:
     """The indices of the tensors whose checksums differ between ranks (``rows``: one
-    ``[tensors, 2]`` checksum per rank, stacked), in order; one host read.
+    ``[tensors, 3]`` checksum per rank, stacked), in order; one host read.
 
     Example:
-        >>> a = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
-        >>> differing(torch.stack([a, a + torch.tensor([[0.0, 0.0], [0.5, 0.0]])]))
+        >>> a = torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]], dtype=torch.float64)
+        >>> differing(torch.stack([a, a + torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.0, 0.0]])]))
         [1]
     """
     if rows.ndim != 3 or rows.shape[0] < 2 or rows.shape[1] == 0:
         return []
     ref = rows[:1]
-    scale = rows.abs().amax(dim=0, keepdim=True)
+    scale = rows[..., _SCALE].abs().amax(dim=0, keepdim=True)
     bad = ((rows - ref).abs() > rtol * scale) | (rows.isnan() != ref.isnan())
     return [int(i) for i in bad.any(dim=2).any(dim=0).nonzero().flatten().tolist()]
 
@@ -96,7 +104,7 @@ def differing(rows: Tensor, rtol: float = RTOL) -> list[int]:
 def _ranks_apart(rows: Tensor, index: int, ranks: Sequence[int], rtol: float) -> list[int]:
     """The ranks whose checksum of tensor ``index`` differs from rank 0's."""
     ref = rows[0, index]
-    scale = rows[:, index].abs().amax(dim=0)
+    scale = rows[:, index][..., _SCALE].abs().amax(dim=0)
     return [ranks[r] for r in range(1, rows.shape[0])
             if bool(((rows[r, index] - ref).abs() > rtol * scale).any())]
 
