@@ -184,6 +184,13 @@ _SPECS: tuple[CodeSpec, ...] = (
           when="Under several ranks, the first training batches of the second epoch repeat those "
                "of the first in the same order on every rank, though a sampler of the loader "
                "shuffles."),
+    _spec("data.ranks_uneven_batches", "error", "Ranks take different numbers of batches per epoch",
+          "Give every rank the same number of batches: a `DistributedSampler` pads the shards "
+          "to equal length (`drop_last=False`) or drops the remainder (`drop_last=True`); a "
+          "dataset sharded by hand must do the same, and an `IterableDataset` must yield the "
+          "same number of batches on every rank.",
+          when="Under several ranks, the ranks' training loaders hold different numbers of "
+               "batches per epoch (compared at the start of training; sized loaders only)."),
     _spec("data.unknown_batch_structure", "info", "The batch's inputs could not be found",
           "Pass `input_key=` and `target_key=` (a key, an index or a callable) to "
           "`BatchInspector` (or `Triage`) so the data checks can run.",

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset, TensorDataset
 
 N, DIM, BATCH = 64, 8, 8
 
@@ -53,7 +53,8 @@ class RankNet(pl.LightningModule):
             shuffling loader on every rank: needs ``use_distributed_sampler=False``),
             ``"seeded_by_rank"`` / ``"seeded"`` (a custom batch sampler over a
             ``DistributedSampler`` seeded with the rank / with 0), with ``exposed`` saying
-            whether Lightning reaches its ``set_epoch``.
+            whether Lightning reaches its ``set_epoch``; ``"uneven"`` (shards cut by hand, 5
+            batches on rank 0, 4 on rank 1).
         perturb_at: the optimizer step after which rank 1 moves a weight outside the step.
         norm: with a batch norm (``SyncBatchNorm`` needs a GPU: a CPU twin leaves it out).
     """
@@ -81,6 +82,9 @@ class RankNet(pl.LightningModule):
 
     def train_dataloader(self) -> DataLoader[Any]:
         data = dataset()
+        if self.loader == "uneven":  # shards cut by hand: 40 examples on rank 0, 32 on rank 1
+            start, stop = (0, 40) if self.global_rank == 0 else (32, 64)
+            return DataLoader(Subset(data, range(start, stop)), batch_size=BATCH)
         if self.loader in ("default", "unsharded"):
             return DataLoader(data, batch_size=BATCH, shuffle=True,
                               generator=torch.Generator().manual_seed(0))

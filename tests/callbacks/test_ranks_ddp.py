@@ -18,7 +18,7 @@ from tests.callbacks.rank_models import RankNet
 from tests.helpers import fit_ddp_spawn, make_trainer
 
 RANK_CODES = {"data.ranks_same_data", "data.ranks_overlap", "data.order_not_reshuffled",
-              "wiring.replicas_differ", "wiring.buffers_differ"}
+              "data.ranks_uneven_batches", "wiring.replicas_differ", "wiring.buffers_differ"}
 
 
 def _fit(tmp_path: Path, model: RankNet, *, triage: bool = True, epochs: int = 2,
@@ -111,3 +111,15 @@ def test_fixed_sampler_is_silent(tmp_path: Path) -> None:
     assert not _found(report)
     assert _status(report, "RankDataCheck") == "passed"
     assert _status(report, "ReplicaCheck") == "passed"
+
+
+@pytest.mark.slow
+def test_uneven_shards_are_named_before_the_short_rank_runs_out(tmp_path: Path) -> None:
+    """Shards cut by hand, 5 batches on rank 0 and 4 on rank 1: named at the start of training
+    (`max_steps=4` ends the fit before the rank with more would wait forever)."""
+    report, _ = _fit(tmp_path, RankNet("uneven", norm=False), epochs=1, max_steps=4,
+                     use_distributed_sampler=False)
+    assert report is not None
+    uneven = _found(report)["data.ranks_uneven_batches"]
+    assert uneven["evidence"]["batches"] == [5, 4] and uneven["global_step"] == 0
+    assert "data.ranks_same_data" not in _found(report)

@@ -140,3 +140,13 @@ def test_a_buffer_outside_batch_norm_that_differs_warns() -> None:
     (verdict,) = replicas_rule(entries, rows, differing(rows), step=1, when="after step 1")
     assert verdict.code == "wiring.buffers_differ" and verdict.severity is None
     assert verdict.layer == "ema"
+
+
+def test_uneven_batch_counts_are_named_per_rank() -> None:
+    from lightning_triage.functional.data.ranks import uneven_rule
+
+    v = uneven_rule("dl", [5.0, 4.0], ranks=[0, 1])
+    assert v is not None and v.code == "data.ranks_uneven_batches"
+    assert v.evidence["batches"] == [5, 4] and "past batch 4" in v.message
+    assert uneven_rule("dl", [4.0, 4.0]) is None
+    assert uneven_rule("dl", [4.0, float("inf")]) is None  # an unsized loader is not judged

@@ -20,6 +20,7 @@ from lightning_triage.functional.data.ranks import (
     is_iterable_loader,
     partition_rule,
     reshuffle_rule,
+    uneven_rule,
 )
 
 
@@ -38,8 +39,12 @@ class RankDataCheck(TriageCallback):
     shuffle (its order never changes by design), on ranks that draw from disjoint shards, and
     on datasets whose own duplicates explain the overlap seen.
 
-    Findings: ``data.ranks_same_data``, ``data.ranks_overlap``, ``data.order_not_reshuffled``.
-    See ``docs/distributed.md``.
+    At the start of training the ranks also exchange how many training batches their loaders
+    hold per epoch (known for sized loaders): different counts end in a hang (the ranks with
+    more wait for a gradient reduction the others never join) or in steps only some ranks take.
+
+    Findings: ``data.ranks_same_data``, ``data.ranks_overlap``, ``data.order_not_reshuffled``,
+    ``data.ranks_uneven_batches``. See ``docs/distributed.md``.
 
     Args:
         num_batches: training batches fingerprinted per rank, in the first epoch and the next.
@@ -65,7 +70,7 @@ class RankDataCheck(TriageCallback):
 
     stage: ClassVar[str] = "data"
     codes: ClassVar[tuple[str, ...]] = ("data.ranks_same_data", "data.ranks_overlap",
-                                        "data.order_not_reshuffled")
+                                        "data.order_not_reshuffled", "data.ranks_uneven_batches")
     bundle_args: ClassVar[dict[str, Any]] = {"input_key": "input_key",
                                               "target_key": "target_key"}
 
@@ -85,6 +90,7 @@ class RankDataCheck(TriageCallback):
         self._batches: list[list[int]] = []
         self._first: list[RankBatches] = []
         self._failed = False
+        self._limit = num_batches  # the fewest batches per epoch of any rank
 
     @override
     def needs_hook(self, hook: str) -> bool:
@@ -111,6 +117,7 @@ class RankDataCheck(TriageCallback):
                 self._iterable = is_iterable_loader(loader)
         except Exception as exc:
             self._fail(exc)
+        self._uneven(trainer)
         self._phase, self._epoch = 0, trainer.current_epoch
         self.idle = False
         self.mark_ran(f"{trainer.world_size} ranks: fingerprinting the first {self.num_batches} "
@@ -134,7 +141,7 @@ class RankDataCheck(TriageCallback):
             except Exception as exc:
                 self._fail(exc)
         self._batches.append(fingerprints)  # counted even after a failure: same steps everywhere
-        if len(self._batches) >= self.num_batches:
+        if len(self._batches) >= min(self.num_batches, self._limit):
             self._exchange(trainer)
 
     @override
@@ -155,6 +162,23 @@ class RankDataCheck(TriageCallback):
         if x is None or x.ndim == 0 or x.layout != torch.strided or x.is_nested:
             return []
         return example_fingerprints(x.detach())
+
+    def _uneven(self, trainer: pl.Trainer) -> None:
+        """The ranks' batch counts per epoch, exchanged at fit start (one small collective);
+        the fingerprints are then exchanged at a batch every rank reaches."""
+        try:
+            count = float(trainer.num_training_batches)
+        except Exception:  # unknown: not judged
+            count = float("inf")
+        counts = gather_objects(trainer, count)
+        finite = [c for c in counts if c == c and c != float("inf")]
+        self._limit = max(1, int(min(finite))) if finite else self.num_batches
+        try:
+            verdict = uneven_rule(self._loader, counts, step=trainer.global_step)
+            if verdict is not None and trainer.is_global_zero:
+                self.add_verdict(trainer, verdict)
+        except Exception as exc:
+            self.hook_failed(trainer, "on_train_start", exc)
 
     def _exchange(self, trainer: pl.Trainer) -> None:
         """The one collective of this phase, then the rules (the same on every rank)."""

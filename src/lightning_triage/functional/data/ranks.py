@@ -275,5 +275,31 @@ def reshuffle_rule(loader: str, first: Sequence[RankBatches], later: Sequence[Ra
                   "sampler_kind": shuffler.kind, "ranks": [r.rank for r in first]})
 
 
+def uneven_rule(loader: str, counts: Sequence[float], ranks: Sequence[int] | None = None,
+                step: int | None = 0) -> Verdict | None:
+    """``data.ranks_uneven_batches``: the ranks' training loaders hold different numbers of
+    batches per epoch (known at the epoch start for sized loaders; ``inf`` for the others, which
+    are not judged).
+
+    Example:
+        >>> uneven_rule("dl", [5, 4]).evidence["batches"]
+        [5, 4]
+        >>> uneven_rule("dl", [4, 4]) is None, uneven_rule("dl", [4, float("inf")]) is None
+        (True, True)
+    """
+    if len(counts) < 2 or any(c != c or c == float("inf") for c in counts):
+        return None
+    sizes = [int(c) for c in counts]
+    if len(set(sizes)) == 1:
+        return None
+    names = list(ranks) if ranks is not None else list(range(len(sizes)))
+    return Verdict(
+        "data.ranks_uneven_batches", step,
+        f"`{loader}`: the ranks {names} hold {sizes} training batches per epoch: past batch "
+        f"{min(sizes)} the ranks with more wait for a gradient reduction the others never join "
+        "(a hang until the process group's timeout), or take steps the others do not.",
+        evidence={"loader": loader, "ranks": names, "batches": sizes})
+
+
 __all__ = ["OVERLAP_FRACTION", "SET_EPOCH_REACHED", "RankBatches", "SamplerInfo",
-           "describe_samplers", "is_iterable_loader", "partition_rule", "reshuffle_rule"]
+           "describe_samplers", "is_iterable_loader", "partition_rule", "reshuffle_rule", "uneven_rule"]
