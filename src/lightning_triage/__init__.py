@@ -56,6 +56,7 @@ __all__ = [
     "GradientWiringCheck",
     "InitialLossCheck",
     "LossCurveMonitor",
+    "MetricSyncCheck",
     "NonFiniteTracer",
     "OverfitBatchCheck",
     "PaddingProbe",

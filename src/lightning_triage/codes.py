@@ -419,6 +419,12 @@ _SPECS: tuple[CodeSpec, ...] = (
                "training-mode loss, which is at most 2x chance (a standard BatchNorm whose running "
                "statistics are still at their init is not reported)."),
     # 7. curve
+    _spec("mode.unsynced_metric", "warning", "A monitored metric differs between ranks",
+          "Log it with `self.log(..., sync_dist=True)` (or log a torchmetrics `Metric`, which "
+          "syncs itself): otherwise each rank holds the mean of its own validation shard and "
+          "the checkpoint or early-stopping callback decides from one rank's data.",
+          when="Under several ranks, a metric that a `ModelCheckpoint` or `EarlyStopping` "
+               "monitors holds different values on the ranks at the end of a validation run."),
     _spec("curve.not_learning", "error", "The loss does not move",
           "The loss stays at its step-0 value: check the learning rate (0?), that the optimizer "
           "steps, that inputs are not all zero and that gradients reach the parameters.",

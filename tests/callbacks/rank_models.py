@@ -57,20 +57,32 @@ class RankNet(pl.LightningModule):
             batches on rank 0, 4 on rank 1).
         perturb_at: the optimizer step after which rank 1 moves a weight outside the step.
         norm: with a batch norm (``SyncBatchNorm`` needs a GPU: a CPU twin leaves it out).
+        sync_dist: log ``val_loss`` with ``sync_dist`` (each rank validates its own shard).
     """
 
     def __init__(self, loader: str = "default", exposed: bool = True,
-                 perturb_at: int | None = None, norm: bool = True) -> None:
+                 perturb_at: int | None = None, norm: bool = True, sync_dist: bool = True) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(DIM, 16), nn.BatchNorm1d(16) if norm else nn.Identity(),
                                  nn.ReLU(), nn.Linear(16, 2))
         self.loader = loader
         self.exposed = exposed
         self.perturb_at = perturb_at
+        self.sync_dist = sync_dist
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         x, y = batch
         return F.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self.net(x), y), sync_dist=self.sync_dist)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        data = dataset()  # sharded by hand, whatever `use_distributed_sampler` says
+        shard = DistributedSampler(data, num_replicas=self.trainer.world_size,
+                                   rank=self.global_rank, shuffle=False)
+        return DataLoader(data, batch_size=BATCH, sampler=shard)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.global_step == self.perturb_at and self.global_rank == 1:

@@ -12,21 +12,26 @@ from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_triage import Triage
 from tests.callbacks.rank_models import RankNet
 from tests.helpers import fit_ddp_spawn, make_trainer
 
 RANK_CODES = {"data.ranks_same_data", "data.ranks_overlap", "data.order_not_reshuffled",
-              "data.ranks_uneven_batches", "wiring.replicas_differ", "wiring.buffers_differ"}
+              "data.ranks_uneven_batches", "wiring.replicas_differ", "wiring.buffers_differ",
+              "mode.unsynced_metric"}
 
 
 def _fit(tmp_path: Path, model: RankNet, *, triage: bool = True, epochs: int = 2,
-         **kwargs: Any) -> tuple[dict[str, Any] | None, RankNet]:
-    callbacks = [Triage(strict=True, verbose=False, overfit=False)] if triage else []
+         monitor: bool = False, **kwargs: Any) -> tuple[dict[str, Any] | None, RankNet]:
+    callbacks: list[Any] = [Triage(strict=True, verbose=False, overfit=False)] if triage else []
+    if monitor:  # a checkpoint that monitors `val_loss` (validation runs once, at the end)
+        callbacks.append(ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val_loss"))
+        kwargs.update(limit_val_batches=2, enable_checkpointing=True)
     fit_ddp_spawn(lambda: make_trainer(tmp_path, callbacks, devices=2, strategy="ddp_spawn",
                                        max_epochs=epochs, limit_train_batches=None,
-                                       limit_val_batches=0, **kwargs), model)
+                                       **{"limit_val_batches": 0, **kwargs}), model)
     path = tmp_path / "triage_report.json"
     return (json.loads(path.read_text()) if triage else None), model
 
@@ -45,9 +50,10 @@ def _status(report: dict[str, Any], check: str) -> str:
 
 def test_same_data_on_every_rank_and_a_replica_edited_on_one_rank(tmp_path: Path) -> None:
     """No distributed sampler: both ranks read the same shuffled batches (the cause leads);
-    rank 1 moves a bias after step 2: the replicas differ, named at the end of training."""
-    report, _ = _fit(tmp_path, RankNet("unsharded", perturb_at=2), epochs=1,
-                     use_distributed_sampler=False)
+    rank 1 moves a bias after step 2: the replicas differ, named at the end of training; the
+    checkpoint monitors a `val_loss` logged without `sync_dist`."""
+    report, _ = _fit(tmp_path, RankNet("unsharded", perturb_at=2, sync_dist=False), epochs=1,
+                     use_distributed_sampler=False, monitor=True)
     assert report is not None
     found = _found(report)
     same = found["data.ranks_same_data"]
@@ -62,6 +68,10 @@ def test_same_data_on_every_rank_and_a_replica_edited_on_one_rank(tmp_path: Path
     assert "data.ranks_overlap" not in found and "data.order_not_reshuffled" not in found
     # one finding per fit, from rank 0, though both ranks judged
     assert sum(f["code"] == "data.ranks_same_data" for f in report["findings"]) == 1
+    metric = found["mode.unsynced_metric"]
+    assert metric["evidence"]["metric"] == "val_loss"
+    assert metric["evidence"]["monitored_by"] == ["ModelCheckpoint"]
+    assert len(set(metric["evidence"]["values"])) == 2
 
 
 @pytest.mark.slow
@@ -82,13 +92,14 @@ def test_sampler_seeded_by_rank_and_never_reshuffled(tmp_path: Path) -> None:
 
 
 def test_healthy_ddp_is_silent_and_unchanged(tmp_path: Path) -> None:
-    """Lightning's distributed sampler, two epochs, a batch norm without `SyncBatchNorm`: no
-    problem from the rank checks (the batch-norm statistics differ: info), both ran, and the
-    weights are those of the same fit without `Triage()`."""
+    """Lightning's distributed sampler, two epochs, a batch norm without `SyncBatchNorm`, a
+    checkpoint monitoring a synced `val_loss`: no problem from the rank checks (the batch-norm
+    statistics differ: info), each ran, and the weights are those of the same fit without
+    `Triage()`."""
     torch.manual_seed(0)
-    report, with_triage = _fit(tmp_path / "with", RankNet())
+    report, with_triage = _fit(tmp_path / "with", RankNet(), monitor=True)
     torch.manual_seed(0)
-    _, without = _fit(tmp_path / "without", RankNet(), triage=False)
+    _, without = _fit(tmp_path / "without", RankNet(), triage=False, monitor=True)
     assert report is not None
     found = _found(report)
     assert not _problems(report) & RANK_CODES
@@ -96,6 +107,7 @@ def test_healthy_ddp_is_silent_and_unchanged(tmp_path: Path) -> None:
     assert found["wiring.buffers_differ"]["evidence"]["batchnorm_only"]
     assert _status(report, "RankDataCheck") == "passed"
     assert _status(report, "ReplicaCheck") == "passed"
+    assert _status(report, "MetricSyncCheck") == "passed"
     mine, theirs = with_triage.state_dict(), without.state_dict()
     assert mine.keys() == theirs.keys()
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)

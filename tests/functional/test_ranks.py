@@ -150,3 +150,14 @@ def test_uneven_batch_counts_are_named_per_rank() -> None:
     assert v.evidence["batches"] == [5, 4] and "past batch 4" in v.message
     assert uneven_rule("dl", [4.0, 4.0]) is None
     assert uneven_rule("dl", [4.0, float("inf")]) is None  # an unsized loader is not judged
+
+
+def test_a_monitored_metric_that_differs_between_ranks_is_named() -> None:
+    from lightning_triage.functional.metric_sync import unsynced_rule
+
+    monitored = {"val_loss": ["ModelCheckpoint", "EarlyStopping"], "val_acc": ["ModelCheckpoint"]}
+    values = [{"val_loss": 0.5, "val_acc": 0.9}, {"val_loss": 0.7, "val_acc": 0.9}]
+    (v,) = unsynced_rule(values, monitored, step=12)
+    assert v.code == "mode.unsynced_metric" and v.evidence["metric"] == "val_loss"
+    assert v.evidence["monitored_by"] == ["ModelCheckpoint", "EarlyStopping"]
+    assert unsynced_rule([{"val_loss": 0.5}, {}], monitored, step=1) == []  # not logged everywhere

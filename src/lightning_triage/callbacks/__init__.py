@@ -31,6 +31,9 @@ from lightning_triage.callbacks.initial_loss import (
 from lightning_triage.callbacks.loss_curve import (
     LossCurveMonitor,
 )
+from lightning_triage.callbacks.metric_sync import (
+    MetricSyncCheck,
+)
 from lightning_triage.callbacks.nonfinite_tracer import (
     NonFiniteTracer,
 )
@@ -102,6 +105,7 @@ __all__ = [
     "GradientWiringCheck",
     "InitialLossCheck",
     "LossCurveMonitor",
+    "MetricSyncCheck",
     "NonFiniteTracer",
     "OverfitBatchCheck",
     "PaddingProbe",

@@ -14,6 +14,7 @@ from lightning_triage.callbacks.gradient_monitor import GradientMonitor
 from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
 from lightning_triage.callbacks.initial_loss import InitialLossCheck
 from lightning_triage.callbacks.loss_curve import LossCurveMonitor
+from lightning_triage.callbacks.metric_sync import MetricSyncCheck
 from lightning_triage.callbacks.nonfinite_tracer import NonFiniteTracer
 from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.padding_probe import PaddingProbe
@@ -40,6 +41,7 @@ CHECKS: tuple[type[TriageCallback], ...] = (
     PaddingProbe,
     EvalModeCheck,
     EvalContractCheck,
+    MetricSyncCheck,
     LossCurveMonitor,
     GradientMonitor,
     AutocastCheck,
