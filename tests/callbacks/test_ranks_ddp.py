@@ -1,8 +1,9 @@
 """Data-parallel runs checked as one run (2 CPU processes, gloo, ``ddp_spawn``): the ranks'
 data partition and reshuffling (``RankDataCheck``), the replicas' weights (``ReplicaCheck``).
 
-DDP fits are expensive on CPU: each fit here checks several things at once, and the twins
-beyond the first are marked ``slow``."""
+DDP fits are expensive on CPU: each fit here checks several things at once, and all but the
+first are marked ``slow`` (the quick suite's healthy twin is `test_report_ddp.py`'s digits fit,
+where the rank checks must pass silently)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ def test_sampler_seeded_by_rank_and_never_reshuffled(tmp_path: Path) -> None:
     assert "data.ranks_same_data" not in found and "wiring.replicas_differ" not in found
 
 
+@pytest.mark.slow
 def test_healthy_ddp_is_silent_and_unchanged(tmp_path: Path) -> None:
     """Lightning's distributed sampler, two epochs, a batch norm without `SyncBatchNorm`, a
     checkpoint monitoring a synced `val_loss`: no problem from the rank checks (the batch-norm
