@@ -302,7 +302,8 @@ _SPECS: tuple[CodeSpec, ...] = (
           "`SyncBatchNorm` (`Trainer(sync_batchnorm=True)`): each rank normalizes with its own "
           "batch, and evaluation uses rank 0's statistics.",
           when="Under several ranks, a buffer's checksum differs between ranks (info when only "
-               "batch-norm running statistics differ)."),
+               "batch-norm running statistics differ, or when DDP overwrites the buffers with "
+               "rank 0's at each forward: `broadcast_buffers=True`)."),
     _spec("overfit.failed", "error", "Could not overfit one small batch",
           "A model that cannot memorize 8 examples has a bug: check the wiring findings, frozen "
           "layers, and a loss bounded away from zero (cross-entropy on probabilities).",

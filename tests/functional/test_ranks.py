@@ -140,6 +140,9 @@ def test_a_buffer_outside_batch_norm_that_differs_warns() -> None:
     (verdict,) = replicas_rule(entries, rows, differing(rows), step=1, when="after step 1")
     assert verdict.code == "wiring.buffers_differ" and verdict.severity is None
     assert verdict.layer == "ema"
+    (synced,) = replicas_rule(entries, rows, differing(rows), step=1, when="after step 1",
+                              rebroadcast=True)  # DDP overwrites it with rank 0's each forward
+    assert synced.severity == "info" and "broadcast_buffers" in synced.message
 
 
 def test_uneven_batch_counts_are_named_per_rank() -> None:

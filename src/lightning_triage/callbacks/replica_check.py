@@ -29,7 +29,9 @@ class ReplicaCheck(TriageCallback):
     and at the end of training. Between two checks nothing runs: no collective, no host read.
     A parameter that differs is named with the step (the first check that saw it: the change
     happened after the previous check); later checks stop. Buffers are compared too: batch-norm
-    running statistics differ by design without ``SyncBatchNorm`` (info), other buffers warn.
+    running statistics differ by design without ``SyncBatchNorm`` (info), and so do buffers
+    that DDP overwrites with rank 0's at each forward (``broadcast_buffers=True``, the default:
+    info); other buffers warn.
 
     Does nothing in a single process, nor under strategies that shard parameters (FSDP,
     DeepSpeed, model parallel: each rank holds other tensors).
@@ -139,8 +141,10 @@ class ReplicaCheck(TriageCallback):
         if not indices:
             return
         since = f" (they agreed at step {previous})" if previous >= 0 else ""
+        wrapper = getattr(trainer.strategy, "model", None)  # DDP's public flag, when wrapped
+        rebroadcast = getattr(wrapper, "broadcast_buffers", False) is True
         verdicts = replicas_rule(self._entries, rows.cpu(), indices, step=step,
-                                 when=f"{when} (step {step}){since}")
+                                 when=f"{when} (step {step}){since}", rebroadcast=rebroadcast)
         for verdict in verdicts:
             if verdict.code in self._reported:
                 continue

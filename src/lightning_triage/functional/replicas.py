@@ -37,7 +37,10 @@ from lightning_triage.functional.verdict import Verdict
 RTOL = 1e-6
 #: For each checksum column (sum, 2-norm, 1-norm bound), the column that gives its scale.
 _SCALE = [2, 1, 2]
-_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.InstanceNorm1d,
+          nn.InstanceNorm2d, nn.InstanceNorm3d)
+#: Buffer names of running statistics (custom normalization layers follow the convention).
+_NORM_BUFFERS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ def replica_entries(module: nn.Module) -> list[ReplicaEntry]:
         for name, b in sub.named_buffers(recurse=False):
             if b is not None:
                 entries.append(ReplicaEntry(f"{prefix}.{name}" if prefix else name, b, True,
-                                            isinstance(sub, _NORMS)))
+                                            isinstance(sub, _NORMS) or name in _NORM_BUFFERS))
     return [e for e in entries if e.tensor.layout == torch.strided and not e.tensor.is_meta]
 
 
@@ -111,10 +114,11 @@ def _ranks_apart(rows: Tensor, index: int, ranks: Sequence[int], rtol: float) ->
 
 def replicas_rule(entries: Sequence[ReplicaEntry], rows: Tensor, indices: Sequence[int], *,
                   step: int, when: str, ranks: Sequence[int] | None = None,
-                  rtol: float = RTOL) -> list[Verdict]:
+                  rtol: float = RTOL, rebroadcast: bool = False) -> list[Verdict]:
     """``wiring.replicas_differ`` for the first parameter among ``indices`` (the differing
     tensors), ``wiring.buffers_differ`` for the first buffer (info when every differing buffer
-    belongs to a batch-norm layer). ``rows`` are on the host.
+    holds normalization statistics, or when the wrapper broadcasts rank 0's buffers at each
+    forward: ``rebroadcast``, DDP's ``broadcast_buffers=True``). ``rows`` are on the host.
 
     Example:
         >>> net = nn.Linear(2, 1)
@@ -145,14 +149,17 @@ def replicas_rule(entries: Sequence[ReplicaEntry], rows: Tensor, indices: Sequen
         i = buffers[0]
         norms_only = all(entries[j].batchnorm for j in buffers)
         why = (" (batch-norm running statistics: each rank normalizes with its own batch "
-               "without `SyncBatchNorm`)" if norms_only else "")
+               "without `SyncBatchNorm`)" if norms_only else
+               " (DDP broadcasts rank 0's buffers at each forward, `broadcast_buffers=True`: "
+               "the other ranks' updates are overwritten)" if rebroadcast else "")
         verdicts.append(Verdict(
             "wiring.buffers_differ", step,
             f"{when}: buffer `{entries[i].name}` differs between ranks (sum {_values(rows, i, 0)} "
             f"across ranks {ranks}){why}; {len(buffers)} buffer(s) differ.",
-            layer=entries[i].name, severity="info" if norms_only else None,
+            layer=entries[i].name, severity="info" if norms_only or rebroadcast else None,
             evidence={"tensor": entries[i].name, "ranks": ranks, "differing_buffers": len(buffers),
-                      "batchnorm_only": norms_only, "buffers": [entries[j].name for j in buffers[:8]]}))
+                      "batchnorm_only": norms_only, "rebroadcast": rebroadcast,
+                      "buffers": [entries[j].name for j in buffers[:8]]}))
     return verdicts
 
 
