@@ -163,6 +163,34 @@ _SPECS: tuple[CodeSpec, ...] = (
           when="A training loader with `num_workers > 0` whose dataset (or a transform it holds) "
                "owns a generator object that per-example code reads and nothing reseeds per worker "
                "(info with a `worker_init_fn` that does not name it)."),
+    _spec("data.ranks_same_data", "error", "Every rank trains on the same examples",
+          "Give each rank its own shard: keep `use_distributed_sampler=True` (the default) with a "
+          "standard sampler, or build a `DistributedSampler(dataset, num_replicas=world_size, "
+          "rank=global_rank)` yourself (inside a custom batch sampler too); an `IterableDataset` "
+          "must split its stream by `torch.distributed.get_rank()` (and by worker).",
+          when="Under several ranks, the first training batches of every rank hold the same "
+               "examples (compared by fingerprint at fit start)."),
+    _spec("data.ranks_overlap", "warning", "Ranks train on overlapping examples",
+          "Every rank's `DistributedSampler` must use the same `seed` (and the same "
+          "`num_replicas`) so that their shards are disjoint parts of one permutation; do not "
+          "derive the seed from the rank or the time.",
+          when="Under several ranks, at least 10% of the distinct examples of the first training "
+               "batches were seen by another rank too (more than the dataset's own duplicates "
+               "explain), or the ranks' distributed samplers hold different seeds."),
+    _spec("data.order_not_reshuffled", "warning", "The training order does not change between epochs",
+          "Call `set_epoch(epoch)` on the distributed sampler at each epoch start (Lightning does "
+          "it only for `loader.sampler` and `loader.batch_sampler.sampler`: expose it there, or "
+          "call it in `on_train_epoch_start`), or draw the order from the epoch.",
+          when="Under several ranks, the first training batches of the second epoch repeat those "
+               "of the first in the same order on every rank, though a sampler of the loader "
+               "shuffles."),
+    _spec("data.ranks_uneven_batches", "error", "Ranks take different numbers of batches per epoch",
+          "Give every rank the same number of batches: a `DistributedSampler` pads the shards "
+          "to equal length (`drop_last=False`) or drops the remainder (`drop_last=True`); a "
+          "dataset sharded by hand must do the same, and an `IterableDataset` must yield the "
+          "same number of batches on every rank.",
+          when="Under several ranks, the ranks' training loaders hold different numbers of "
+               "batches per epoch (compared at the start of training; sized loaders only)."),
     _spec("data.unknown_batch_structure", "info", "The batch's inputs could not be found",
           "Pass `input_key=` and `target_key=` (a key, an index or a callable) to "
           "`BatchInspector` (or `Triage`) so the data checks can run.",
@@ -259,6 +287,23 @@ _SPECS: tuple[CodeSpec, ...] = (
           when="Running statistics of a layer whose module is frozen move during the first "
                "steps."),
     # 4. overfit
+    _spec("wiring.replicas_differ", "error", "The ranks hold different parameters",
+          "Something changes the parameters on some ranks only: an update outside the wrapped "
+          "model's forward/backward on one rank (a hook, an EMA, a `torch.no_grad()` edit under "
+          "`if trainer.is_global_zero`), a step skipped or clipped on one rank only, a "
+          "rank-dependent initialization after the model was wrapped. Make every rank take the "
+          "same decisions (`trainer.strategy.reduce_boolean_decision`, `broadcast`).",
+          when="Under several ranks, a parameter's checksum (its sum and norm) differs "
+               "between ranks at fit start, after the first optimizer step or at a periodic "
+               "check."),
+    _spec("wiring.buffers_differ", "warning", "The ranks hold different buffers",
+          "A buffer that some ranks update differently: make the update the same on every rank, "
+          "or broadcast it. Batch-norm running statistics differ by design without "
+          "`SyncBatchNorm` (`Trainer(sync_batchnorm=True)`): each rank normalizes with its own "
+          "batch, and evaluation uses rank 0's statistics.",
+          when="Under several ranks, a buffer's checksum differs between ranks (info when only "
+               "batch-norm running statistics differ, or when DDP overwrites the buffers with "
+               "rank 0's at each forward: `broadcast_buffers=True`)."),
     _spec("overfit.failed", "error", "Could not overfit one small batch",
           "A model that cannot memorize 8 examples has a bug: check the wiring findings, frozen "
           "layers, and a loss bounded away from zero (cross-entropy on probabilities).",
@@ -375,6 +420,12 @@ _SPECS: tuple[CodeSpec, ...] = (
                "training-mode loss, which is at most 2x chance (a standard BatchNorm whose running "
                "statistics are still at their init is not reported)."),
     # 7. curve
+    _spec("mode.unsynced_metric", "warning", "A monitored metric differs between ranks",
+          "Log it with `self.log(..., sync_dist=True)` (or log a torchmetrics `Metric`, which "
+          "syncs itself): otherwise each rank holds the mean of its own validation shard and "
+          "the checkpoint or early-stopping callback decides from one rank's data.",
+          when="Under several ranks, a metric that a `ModelCheckpoint` or `EarlyStopping` "
+               "monitors holds different values on the ranks at the end of a validation run."),
     _spec("curve.not_learning", "error", "The loss does not move",
           "The loss stays at its step-0 value: check the learning rate (0?), that the optimizer "
           "steps, that inputs are not all zero and that gradients reach the parameters.",

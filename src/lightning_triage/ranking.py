@@ -394,6 +394,9 @@ del _row
 STANDALONE: frozenset[str] = frozenset({
     "data.class_imbalance", "data.duplicate_samples", "data.label_misalignment",
     "data.short_batches", "data.train_val_overlap",
+    "data.ranks_same_data", "data.ranks_overlap", "data.order_not_reshuffled",
+    "data.ranks_uneven_batches", "mode.unsynced_metric",
+    "wiring.replicas_differ", "wiring.buffers_differ",
     "data.train_val_shift",
     "init.loss_below_chance",
     "wiring.frozen_batchnorm_in_train", "wiring.frozen_params_changed",

@@ -23,9 +23,12 @@ from lightning_triage import (
     GradientWiringCheck,
     InitialLossCheck,
     LossCurveMonitor,
+    MetricSyncCheck,
     NonFiniteTracer,
     OverfitBatchCheck,
     PaddingProbe,
+    RankDataCheck,
+    ReplicaCheck,
     StructureProbe,
     Triage,
     TriageConfigError,
@@ -75,6 +78,9 @@ BAD: dict[type, dict[str, Any]] = {
     StructureProbe: dict(causal="yes", forward_fn=3, input_key=KEY, target_key=KEY,
                          max_examples=1, tolerance=1.0, time_budget=0, ignore_index="x",
                          strict="no"),
+    MetricSyncCheck: dict(max_checks=0, strict="no"),
+    RankDataCheck: dict(num_batches=0, input_key=KEY, target_key=KEY, strict="no"),
+    ReplicaCheck: dict(check_every_n_steps=0, strict="no"),
     TriageReport: dict(report_dir=3, verbose="yes", html="yes", log_findings="yes", verify_remedies="yes",
                        fail_on="fatal", strict="no"),
     WorstErrors: dict(k=0, input_key=KEY, target_key=KEY, index_key=KEY, image_shape=(0, 8),
@@ -196,6 +202,6 @@ def test_triage_passes_the_batch_keys_to_every_check_that_reads_the_batch() -> N
     assert {type(c).__name__ for c in readers} == {
         "BatchInspector", "WorstErrors", "InitialLossCheck", "OverfitBatchCheck", "StructureProbe",
         "PaddingProbe", "EvalContractCheck", "LossCurveMonitor", "NonFiniteTracer", "AutocastCheck",
-        "BaselineCheck"}
+        "BaselineCheck", "RankDataCheck"}
     for check in readers:
         assert (check.input_key, check.target_key) == (inputs, "y"), type(check).__name__

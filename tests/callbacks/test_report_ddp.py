@@ -22,4 +22,9 @@ def test_ddp_report_gathers_findings_from_every_rank(tmp_path: Path) -> None:
     assert report["run"]["strategy"] == "ddp"
     ranks = sorted(f["rank"] for f in report["findings"] if f["code"] == "init.loss_above_chance")
     assert ranks == [0, 1]
+    # the rank checks ran on a real dataset sharded by Lightning and stayed silent
+    assert not [f["code"] for f in report["findings"]
+                if f["code"].startswith(("data.ranks", "data.order", "wiring.replicas"))]
+    statuses = {c["check"]: c["status"] for c in report["checks"]}
+    assert statuses["RankDataCheck"] == statuses["ReplicaCheck"] == "passed"
     assert not dist.is_initialized()

@@ -34,6 +34,9 @@ from lightning_triage.callbacks.initial_loss import (
 from lightning_triage.callbacks.loss_curve import (
     LossCurveMonitor,
 )
+from lightning_triage.callbacks.metric_sync import (
+    MetricSyncCheck,
+)
 from lightning_triage.callbacks.nonfinite_tracer import (
     NonFiniteTracer,
 )
@@ -42,6 +45,12 @@ from lightning_triage.callbacks.overfit_batch import (
 )
 from lightning_triage.callbacks.padding_probe import (
     PaddingProbe,
+)
+from lightning_triage.callbacks.rank_data import (
+    RankDataCheck,
+)
+from lightning_triage.callbacks.replica_check import (
+    ReplicaCheck,
 )
 from lightning_triage.callbacks.report import (
     TriageReport,
@@ -100,9 +109,12 @@ __all__ = [
     "GradientWiringCheck",
     "InitialLossCheck",
     "LossCurveMonitor",
+    "MetricSyncCheck",
     "NonFiniteTracer",
     "OverfitBatchCheck",
     "PaddingProbe",
+    "RankDataCheck",
+    "ReplicaCheck",
     "StructureProbe",
     "Triage",
     "TriageCallback",

@@ -15,9 +15,12 @@ from lightning_triage.callbacks.gradient_monitor import GradientMonitor
 from lightning_triage.callbacks.gradient_wiring import GradientWiringCheck
 from lightning_triage.callbacks.initial_loss import InitialLossCheck
 from lightning_triage.callbacks.loss_curve import LossCurveMonitor
+from lightning_triage.callbacks.metric_sync import MetricSyncCheck
 from lightning_triage.callbacks.nonfinite_tracer import NonFiniteTracer
 from lightning_triage.callbacks.overfit_batch import OverfitBatchCheck
 from lightning_triage.callbacks.padding_probe import PaddingProbe
+from lightning_triage.callbacks.rank_data import RankDataCheck
+from lightning_triage.callbacks.replica_check import ReplicaCheck
 from lightning_triage.callbacks.structure_probe import StructureProbe
 from lightning_triage.callbacks.update_contracts import UpdateContractCheck
 from lightning_triage.callbacks.worst_errors import WorstErrors
@@ -28,15 +31,18 @@ from lightning_triage.callbacks.worst_errors import WorstErrors
 CHECKS: tuple[type[TriageCallback], ...] = (
     BatchInspector,
     DataLoaderCheck,
+    RankDataCheck,
     WorstErrors,
     InitialLossCheck,
     GradientWiringCheck,
     UpdateContractCheck,
+    ReplicaCheck,
     OverfitBatchCheck,
     StructureProbe,
     PaddingProbe,
     EvalModeCheck,
     EvalContractCheck,
+    MetricSyncCheck,
     LossCurveMonitor,
     BaselineCheck,
     GradientMonitor,

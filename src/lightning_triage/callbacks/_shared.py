@@ -7,9 +7,14 @@ old import paths keep working.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import lightning.pytorch as pl
+import torch.distributed as dist
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
+from torch.utils.data import DataLoader
 
 from lightning_triage.callbacks._args import arg, check_choice, check_int
 from lightning_triage.errors import TriageConfigError
@@ -54,4 +59,37 @@ def sharded_strategy(trainer: pl.Trainer) -> str | None:
     return found[0] if found else None
 
 
-__all__ = ["SHARDED_STRATEGIES", "loss_from_outputs", "sharded_strategy", "validate_task"]
+#: A loader's place among the training iterables: the keys and indices leading to it.
+Keys = tuple[Any, ...]
+
+
+def train_loaders(iterables: Any, keys: Keys = ()) -> Iterator[tuple[Keys, DataLoader[Any]]]:
+    """Every ``DataLoader`` among ``trainer.train_dataloader`` (one, or a dict/list of them, as
+    ``CombinedLoader`` takes them), with its keys."""
+    if isinstance(iterables, DataLoader):
+        yield keys, iterables
+    elif len(keys) < 3 and isinstance(iterables, dict):
+        for key, value in iterables.items():
+            yield from train_loaders(value, (*keys, key))
+    elif len(keys) < 3 and isinstance(iterables, (list, tuple)):
+        for i, value in enumerate(iterables):
+            yield from train_loaders(value, (*keys, i))
+
+
+def loader_name(keys: Keys) -> str:
+    """How findings name the training loader at ``keys``."""
+    return "train_dataloader" + "".join(f"[{k!r}]" for k in keys)
+
+
+def gather_objects(trainer: pl.Trainer, obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order: one collective that every rank must take
+    (``[obj]`` in a single process)."""
+    if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, obj)
+        return gathered
+    return [obj]
+
+
+__all__ = ["SHARDED_STRATEGIES", "Keys", "gather_objects", "loader_name", "loss_from_outputs",
+           "sharded_strategy", "train_loaders", "validate_task"]

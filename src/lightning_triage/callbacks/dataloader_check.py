@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import lightning.pytorch as pl
@@ -12,6 +11,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_triage.callbacks._args import check_int
+from lightning_triage.callbacks._shared import Keys, loader_name, train_loaders
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.data.loader import (
     BatchSizes,
@@ -21,25 +21,8 @@ from lightning_triage.functional.data.loader import (
 )
 from lightning_triage.functional.data.rngs import find_rngs, shared_rng_rule
 
-#: A loader's place among the training iterables: the keys and indices leading to it.
-Keys = tuple[Any, ...]
-
-
-def _loaders(iterables: Any, keys: Keys = ()) -> Iterator[tuple[Keys, DataLoader[Any]]]:
-    """Every ``DataLoader`` among ``trainer.train_dataloader`` (one, or a dict/list of them, as
-    ``CombinedLoader`` takes them), with its keys."""
-    if isinstance(iterables, DataLoader):
-        yield keys, iterables
-    elif len(keys) < 3 and isinstance(iterables, dict):
-        for key, value in iterables.items():
-            yield from _loaders(value, (*keys, key))
-    elif len(keys) < 3 and isinstance(iterables, (list, tuple)):
-        for i, value in enumerate(iterables):
-            yield from _loaders(value, (*keys, i))
-
-
-def _name(keys: Keys) -> str:
-    return "train_dataloader" + "".join(f"[{k!r}]" for k in keys)
+_loaders = train_loaders
+_name = loader_name
 
 
 def _part(batch: Any, keys: Keys) -> Any:
