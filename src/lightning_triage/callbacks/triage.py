@@ -22,6 +22,7 @@ from lightning_triage.callbacks.report import GateOn, TriageReport
 from lightning_triage.callbacks.structure_probe import ForwardFn
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
+from lightning_triage.functional.objective import library_code
 
 _PER_STEP = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_backward",
                        "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"})
@@ -225,17 +226,18 @@ class Triage(Callback):
             callees = self._active[hook]
         else:
             callees = self._all_callees(hook)
-        for cb, fn, guarded in callees:
-            if not guarded:
-                fn(trainer, *args)
-                continue
-            assert isinstance(cb, TriageCallback)
-            if cb.disabled:
-                continue
-            try:
-                fn(cb, trainer, *args)
-            except Exception as exc:
-                cb.hook_failed(trainer, hook, exc)
+        with library_code():  # unseen by a watch of the user's step
+            for cb, fn, guarded in callees:
+                if not guarded:
+                    fn(trainer, *args)
+                    continue
+                assert isinstance(cb, TriageCallback)
+                if cb.disabled:
+                    continue
+                try:
+                    fn(cb, trainer, *args)
+                except Exception as exc:
+                    cb.hook_failed(trainer, hook, exc)
 
     def _refresh_active(self) -> None:
         """Rebuild the per-step callees (at the first step, then when a check goes idle). A

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_triage.functional.chance import ChanceLevel, chance_level
+from lightning_triage.functional.chance import ChanceLevel, chance_level, prior_entropy
 
 #: The loss functions watched, by the name used in messages.
 LOSS_FUNCTIONS: dict[Any, str] = {
@@ -172,7 +172,7 @@ def _cross_entropy(a: Mapping[str, Any], name: str) -> dict[str, Any]:
         floor = float(_entropy(q, 0))
     return {"kind": kind, "target_form": "indices", "num_classes": c, "chance": chance,
             "floor": None if kind == "in_batch_negatives" else floor, "facts": facts,
-            "count": int(valid.sum())}
+            "count": int(valid.sum()), "prior": prior_entropy(t, c, ignore)}
 
 
 def _bce(a: Mapping[str, Any], logits: bool) -> dict[str, Any]:

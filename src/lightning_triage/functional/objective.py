@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,17 +48,35 @@ from lightning_triage.functional.draws import DrawWatch
 from lightning_triage.functional.loss_terms import LOSS_FUNCTIONS, LossCall, describe_call
 
 #: How the step's loss relates to the recognized calls.
-Match = Literal["single", "sum", "mean", "composite", "none"]
+Match = Literal["single", "sum", "mean", "scaled", "composite", "none"]
+#: The kinds whose chance level still judges a loss that is their one call times a constant
+#: (the mean divided by the batch size again is a bug); a scaled KL (``KL * T^2``) is not judged.
+_SCALE_JUDGED = ("multiclass", "sequence", "masked_lm", "soft_targets", "in_batch_negatives",
+                 "multilabel", "binary", "regression")
 #: At most this many loss calls are kept per watch.
 MAX_CALLS = 32
 #: Relative tolerance of "the step's loss is this term".
 MATCH_RTOL = 1e-4
 
 _PAUSE = threading.local()
+#: Watches entered and not yet exited (any thread): when none, nothing needs hiding from them.
+_LIVE = [0]
 
 
 def _pause_depth() -> int:
     return int(getattr(_PAUSE, "depth", 0))
+
+
+def watching() -> bool:
+    """Whether an :class:`ObjectiveWatch` is live (cheap: the library's hooks hide their own
+    work from the watches with :func:`library_code` only then)."""
+    return _LIVE[0] > 0
+
+
+def library_code() -> AbstractContextManager[None]:
+    """:func:`unwatched` while a watch is live, else a no-op: the library's own hooks run in it,
+    so that a watch of the user's step sees the user's code only."""
+    return unwatched() if _LIVE[0] > 0 else nullcontext()
 
 
 @contextmanager
@@ -89,7 +107,8 @@ class Objective:
         calls: the recognized loss calls, in order.
         loss: the loss the step returned (``None`` if unknown).
         match: ``"single"`` (the loss is one call's value), ``"sum"`` / ``"mean"`` (of all the
-            calls), ``"composite"`` (calls were made but the loss is none of these: weighted
+            calls), ``"scaled"`` (the one call times a constant, see :attr:`scale`),
+            ``"composite"`` (calls were made but the loss is none of these: weighted
             terms, a hand-written term added) or ``"none"`` (no recognized call).
         draws: the random functions the step called (other than dropout).
         dropouts: the dropout calls that dropped.
@@ -106,7 +125,16 @@ class Objective:
         """The calls that make the step's loss (one for ``"single"``, all for a sum or mean)."""
         if self.match == "single":
             return tuple(c for c in self.calls if _close(c.value, self.loss))[:1]
-        return self.calls if self.match in ("sum", "mean") else ()
+        return self.calls if self.match in ("sum", "mean", "scaled") else ()
+
+    @property
+    def scale(self) -> float:
+        """The step's loss over its one call's value (1 unless :attr:`match` is ``"scaled"``).
+        The chance level and floor are the call's, unscaled: a loss divided by the batch size
+        twice shows as far below them."""
+        if self.match != "scaled" or self.loss is None or not self.calls[0].value:
+            return 1.0
+        return self.loss / self.calls[0].value
 
     @property
     def term(self) -> LossCall | None:
@@ -118,6 +146,8 @@ class Objective:
     def known(self) -> bool:
         """The step's loss is one recognized term, or the sum or mean of alike terms."""
         terms = self.terms
+        if self.match == "scaled":
+            return terms[0].kind in _SCALE_JUDGED
         return bool(terms) and len({t.kind for t in terms}) == 1
 
     @property
@@ -175,12 +205,13 @@ class Objective:
         term = self.term
         if term is None or not self.known:
             return None
-        if term.kind == "regression" and term.regression is not None and self.match == "single":
+        if term.kind == "regression" and term.regression is not None \
+                and self.match in ("single", "scaled"):
             return term.regression
         chance = self.chance
         if chance is None or chance <= 0:
             return None
-        prior = term.facts.get("prior") if self.match == "single" else None
+        prior = term.facts.get("prior") if self.match in ("single", "scaled") else None
         what = term.describe()
         if term.kind in ("multiclass", "sequence", "masked_lm", "soft_targets",
                          "in_batch_negatives") and term.num_classes:
@@ -188,10 +219,15 @@ class Objective:
         else:
             formula = f"{chance:.4g} for {what}"
         task = "multiclass" if term.kind in ("multiclass", "in_batch_negatives") else term.kind
+        if term.kind in ("multiclass", "sequence") and self.match in ("single", "scaled") \
+                and not term.facts.get("label_smoothing"):
+            return ChanceLevel(term.kind, chance, term.num_classes, prior)  # the plain wording
         return ChanceLevel(task, chance, term.num_classes, prior, formula=formula + self._how())
 
     def _how(self) -> str:
         n = len(self.terms)
+        if self.match == "scaled":
+            return f" (the step's loss is {self.scale:.4g}x `{self.calls[0].name}`)"
         return f" (the {self.match} of {n} terms)" if self.match in ("sum", "mean") else ""
 
     def describe(self) -> str:
@@ -228,8 +264,11 @@ def infer_objective(calls: tuple[LossCall, ...] | list[LossCall], loss: float | 
     Example:
         >>> from lightning_triage.functional.loss_terms import LossCall
         >>> ce = LossCall("cross_entropy", 2.31, "multiclass", "indices", 10, 2.303, 0.0)
-        >>> infer_objective([ce], 2.31).match, infer_objective([ce], 2.31 + 0.4).match
-        ('single', 'composite')
+        >>> infer_objective([ce], 2.31).match, infer_objective([ce], 2.31 / 32).match
+        ('single', 'scaled')
+        >>> infer_objective([ce, ce], 2.31 * 2.5).match
+        'composite'
+
     """
     calls = tuple(calls)
     match: Match = "none"
@@ -243,6 +282,8 @@ def infer_objective(calls: tuple[LossCall, ...] | list[LossCall], loss: float | 
             match = "sum"
         elif len(calls) > 1 and _close(total / len(calls), loss):
             match = "mean"
+        elif len(calls) == 1 and calls[0].value != 0 and math.isfinite(calls[0].value):
+            match = "scaled"
         else:
             match = "composite"
     return Objective(calls, loss, match, tuple(draws), tuple(dropouts))
@@ -264,10 +305,30 @@ class ObjectiveWatch(DrawWatch):
         'a regression loss, with a fresh random draw per step (randn)'
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, outermost: bool = False) -> None:
         super().__init__()
         self.calls: list[LossCall] = []
-        self._depth = _pause_depth()
+        # the user's real step runs outside any `unwatched` block, whichever hook starts the
+        # watch; a probe's watch sees the steps run where it was made
+        self._depth = 0 if outermost else _pause_depth()
+        self._live = False
+
+    def __enter__(self) -> ObjectiveWatch:
+        out = super().__enter__()
+        if not self._live:
+            self._live = True
+            _LIVE[0] += 1
+        return out  # type: ignore[no-any-return]
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self.released()
+
+    def released(self) -> None:
+        """Count the watch as no longer live (its mode was taken off the stack)."""
+        if self._live:
+            self._live = False
+            _LIVE[0] -= 1
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
@@ -329,13 +390,14 @@ class StepObjective:
                             "the step is not watched")
             return
         self.skipped = ""
-        self._watch = ObjectiveWatch()
+        self._watch = ObjectiveWatch(outermost=True)
         self._watch.__enter__()
 
     def stop(self) -> None:
         """Stop recording (the step's loss is computed); the record waits for :meth:`finish`."""
         if self._watch is not None:
             exit_function_mode(self._watch)
+            self._watch.released()
             self._done, self._watch = self._watch, None
 
     def finish(self, loss: float | None) -> Objective | None:
@@ -351,4 +413,4 @@ class StepObjective:
 
 
 __all__ = ["MATCH_RTOL", "Match", "Objective", "ObjectiveWatch", "StepObjective",
-           "infer_objective", "unwatched"]
+           "infer_objective", "library_code", "unwatched", "watching"]

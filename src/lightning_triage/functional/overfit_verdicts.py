@@ -152,14 +152,21 @@ def _objective_reference(run: ProbeRun, start: float, objective: Objective,
     if not objective.known:
         return False
     level = objective.chance_level()
-    chance = None if level is None or level.task == "regression" else level.value
+    scale = abs(objective.scale)  # the loss is its one call times a constant
+    chance = None if level is None or level.task == "regression" else level.value * scale
     run.chance = chance
     run.chance_text = level.describe() if chance is not None and level is not None else ""
-    floor = objective.floor or 0.0
-    run.memorization_floor = floor if floor > 0 else 0.0
+    floor = (objective.floor or 0.0) * scale
+    term = objective.term
+    # soft targets (a mix, a teacher's probabilities) floor at their own entropy; label
+    # smoothing on class indices is judged by its predictions at its plateau (below)
+    soft = term is not None and term.kind == "soft_targets" \
+        and not term.facts.get("label_smoothing")
+    run.memorization_floor = floor if floor > 0 and soft else 0.0
     if level is not None and level.task == "regression":  # as below, against the variance
-        run.target = near_zero_target(start, min(level.value, start) if start > 0 else
-                                      level.value, tolerance)
+        variance = level.value * scale
+        run.target = near_zero_target(start, min(variance, start) if start > 0 else variance,
+                                      tolerance)
     else:
         run.target = run.memorization_floor + near_zero_target(start, chance, tolerance)
     return True
@@ -403,6 +410,7 @@ def _judged(run: ProbeRun, verdict: OverfitVerdict, evidence: dict[str, Any], *,
                 "term), which is not a failure to learn.",
                 evidence=evidence), *_high_floor(run, verdict)])
     if verdict.verdict == "passed":
+        floor = [*_high_floor(run, verdict)] if run.memorization_floor else []
         return ProbeConclusion(True, (
             f"passed: loss {verdict.start:.4g} -> {verdict.best:.4g} on "
             f"{run.examples} examples ({cost}, {opt_text})"), [Verdict(
@@ -410,7 +418,7 @@ def _judged(run: ProbeRun, verdict: OverfitVerdict, evidence: dict[str, Any], *,
                 f"Memorized {run.examples} examples of the first batch in {n} steps "
                 f"({run.seconds:.2f} s, {opt_text}): loss {verdict.start:.4g} -> "
                 f"{verdict.best:.4g}, below the target {target_text}.",
-                evidence=evidence)])
+                evidence=evidence), *floor])
     if verdict.verdict == "inconclusive":
         why = "the time budget ran out" if run.stopped == "time" else "the steps ran out"
         return ProbeConclusion(False, (
