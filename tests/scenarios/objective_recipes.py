@@ -122,6 +122,8 @@ class Triplet(_Recipe):
     """Metric learning: a 32-d embedding, triplets mined in the batch (the first other example
     of the anchor's class, the first of another class), margin 1."""
 
+    lr = 1e-3
+
     def __init__(self) -> None:
         super().__init__()
         self.net = _mlp(64, 32)

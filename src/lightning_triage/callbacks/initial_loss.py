@@ -140,7 +140,7 @@ class InitialLossCheck(TriageCallback):
     @guarded
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            loss: Tensor) -> None:
-        self._objective.stop()  # the loss is computed: the backward is not watched
+        self._objective.stop(loss)  # the loss is computed: the backward is not watched
         if self._capture.active and len(self._closure_losses) < 2:
             self._closure_losses.append(loss.detach().clone())
 

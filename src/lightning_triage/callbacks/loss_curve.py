@@ -229,7 +229,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     @guarded
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            loss: Tensor) -> None:
-        self._objective.stop()
+        self._objective.stop(loss)
 
     def _resolve_chance(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                         outputs: STEP_OUTPUT) -> None:

@@ -368,7 +368,8 @@ class OverfitBatchCheck(TriageCallback):
             loss = step_loss(output)
             if step == 0:
                 run.objective = watch.objective(
-                    None if loss is None else float(loss.detach().float()))
+                    None if loss is None else float(loss.detach().float()),
+                    None if loss is None else loss.grad_fn)
             if self._stop_everywhere(trainer, run, self._judge_loss(run, step, loss, batch,
                                                                     captured)):
                 return

@@ -226,18 +226,18 @@ class Triage(Callback):
             callees = self._active[hook]
         else:
             callees = self._all_callees(hook)
-        with library_code():  # unseen by a watch of the user's step
-            for cb, fn, guarded in callees:
-                if not guarded:
-                    fn(trainer, *args)
-                    continue
-                assert isinstance(cb, TriageCallback)
-                if cb.disabled:
-                    continue
-                try:
+        for cb, fn, guarded in callees:
+            if not guarded:
+                fn(trainer, *args)
+                continue
+            assert isinstance(cb, TriageCallback)
+            if cb.disabled:
+                continue
+            try:
+                with library_code():  # unseen by a watch of the user's step
                     fn(cb, trainer, *args)
-                except Exception as exc:
-                    cb.hook_failed(trainer, hook, exc)
+            except Exception as exc:
+                cb.hook_failed(trainer, hook, exc)
 
     def _refresh_active(self) -> None:
         """Rebuild the per-step callees (at the first step, then when a check goes idle). A

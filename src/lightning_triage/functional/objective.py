@@ -39,7 +39,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torch import nn
+from torch import Tensor, nn
 
 from lightning_triage._torch_compat import exit_function_mode
 from lightning_triage.functional.chance import ChanceLevel
@@ -256,16 +256,44 @@ def _close(value: float, loss: float | None) -> bool:
         abs(value - loss) <= MATCH_RTOL * max(abs(loss), 1e-3)
 
 
+def only_scaled(node: Any, target: Any, depth: int = 16) -> bool:
+    """Whether the autograd node ``node`` (a loss's ``grad_fn``) reaches ``target`` (a loss
+    call's ``grad_fn``) through operations of one input each (a multiplication or a division by
+    a constant, a negation, a cast): the loss is that call times a constant, with no other term.
+
+    Example:
+        >>> import torch
+        >>> w = torch.ones(3, requires_grad=True)
+        >>> ce = (w * 2).sum()
+        >>> only_scaled((ce / 32).grad_fn, ce.grad_fn), only_scaled((ce + w.sum()).grad_fn, ce.grad_fn)
+        (True, False)
+    """
+    for _ in range(depth):
+        if node is None:
+            return False
+        if node is target:
+            return True
+        inputs = [n for n, _ in getattr(node, "next_functions", ()) if n is not None]
+        if len(inputs) != 1:
+            return False
+        node = inputs[0]
+    return False
+
+
 def infer_objective(calls: tuple[LossCall, ...] | list[LossCall], loss: float | None, *,
                     draws: tuple[str, ...] | list[str] = (),
-                    dropouts: tuple[str, ...] | list[str] = ()) -> Objective:
-    """The :class:`Objective` of a step that made ``calls`` and returned ``loss``.
+                    dropouts: tuple[str, ...] | list[str] = (),
+                    scaled: bool = False) -> Objective:
+    """The :class:`Objective` of a step that made ``calls`` and returned ``loss``; ``scaled``:
+    the loss is known to be its one call times a constant (see :func:`only_scaled`).
 
     Example:
         >>> from lightning_triage.functional.loss_terms import LossCall
         >>> ce = LossCall("cross_entropy", 2.31, "multiclass", "indices", 10, 2.303, 0.0)
-        >>> infer_objective([ce], 2.31).match, infer_objective([ce], 2.31 / 32).match
+        >>> infer_objective([ce], 2.31).match, infer_objective([ce], 2.31 / 32, scaled=True).match
         ('single', 'scaled')
+        >>> infer_objective([ce], 0.1 * 2.31 + 6.2).match  # a hand-written term added
+        'composite'
         >>> infer_objective([ce, ce], 2.31 * 2.5).match
         'composite'
 
@@ -282,7 +310,7 @@ def infer_objective(calls: tuple[LossCall, ...] | list[LossCall], loss: float | 
             match = "sum"
         elif len(calls) > 1 and _close(total / len(calls), loss):
             match = "mean"
-        elif len(calls) == 1 and calls[0].value != 0 and math.isfinite(calls[0].value):
+        elif scaled and len(calls) == 1 and calls[0].value != 0 and math.isfinite(calls[0].value):
             match = "scaled"
         else:
             match = "composite"
@@ -308,6 +336,7 @@ class ObjectiveWatch(DrawWatch):
     def __init__(self, *, outermost: bool = False) -> None:
         super().__init__()
         self.calls: list[LossCall] = []
+        self._nodes: list[Any] = []  # each call's autograd node, to tell a scaled loss apart
         # the user's real step runs outside any `unwatched` block, whichever hook starts the
         # watch; a probe's watch sees the steps run where it was made
         self._depth = 0 if outermost else _pause_depth()
@@ -345,11 +374,16 @@ class ObjectiveWatch(DrawWatch):
                 call = None
             if call is not None:
                 self.calls.append(call)
+                self._nodes.append(getattr(out, "grad_fn", None))
         return out
 
-    def objective(self, loss: float | None) -> Objective:
-        """The objective of what was watched, for a step that returned ``loss``."""
-        return infer_objective(self.calls, loss, draws=self.draws, dropouts=self.dropouts)
+    def objective(self, loss: float | None, node: Any = None) -> Objective:
+        """The objective of what was watched, for a step that returned ``loss`` (``node``: its
+        ``grad_fn``, which tells a loss that is its one call times a constant)."""
+        scaled = len(self._nodes) == 1 and self._nodes[0] is not None and only_scaled(
+            node, self._nodes[0])
+        return infer_objective(self.calls, loss, draws=self.draws, dropouts=self.dropouts,
+                               scaled=scaled)
 
 
 class StepObjective:
@@ -374,6 +408,7 @@ class StepObjective:
     def __init__(self) -> None:
         self._watch: ObjectiveWatch | None = None
         self._done: ObjectiveWatch | None = None
+        self._node: Any = None
         self.skipped = ""
 
     @property
@@ -393,8 +428,11 @@ class StepObjective:
         self._watch = ObjectiveWatch(outermost=True)
         self._watch.__enter__()
 
-    def stop(self) -> None:
-        """Stop recording (the step's loss is computed); the record waits for :meth:`finish`."""
+    def stop(self, loss: Tensor | None = None) -> None:
+        """Stop recording (the step's loss is computed; ``loss``: that tensor, with its graph);
+        the record waits for :meth:`finish`."""
+        if loss is not None and self._watch is not None:
+            self._node = loss.grad_fn
         if self._watch is not None:
             exit_function_mode(self._watch)
             self._watch.released()
@@ -404,13 +442,14 @@ class StepObjective:
         """The step's objective (``None`` when nothing was watched); forgets the record."""
         self.stop()
         done, self._done = self._done, None
-        return None if done is None else done.objective(loss)
+        node, self._node = self._node, None
+        return None if done is None else done.objective(loss, node)
 
     def close(self) -> None:
         """Stop and forget (teardown, a crash inside the step)."""
         self.stop()
-        self._done = None
+        self._done, self._node = None, None
 
 
 __all__ = ["MATCH_RTOL", "Match", "Objective", "ObjectiveWatch", "StepObjective",
-           "infer_objective", "library_code", "unwatched", "watching"]
+           "infer_objective", "library_code", "only_scaled", "unwatched", "watching"]
