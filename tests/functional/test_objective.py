@@ -98,7 +98,7 @@ def test_in_batch_negatives_have_chance_ln_b_and_no_floor() -> None:
     assert objective.floor is None and not objective.has_floor
     assert "in-batch negatives" in objective.describe()
     # the scale applied twice: far above ln B
-    twice, hot = watched(lambda: clip((1 / 0.07) ** 2))
+    _twice, hot = watched(lambda: clip((1 / 0.07) ** 2))
     assert float(hot) > 3 * math.log(32) > float(loss) / 2
 
 
@@ -150,7 +150,7 @@ def test_composite_and_scaled_losses() -> None:
     objective, _ = watched(lambda: 0.1 * F.cross_entropy(w, y) + w.pow(2).sum())
     assert objective.match == "composite"
     # the mean divided by the batch size again: the call times a constant, still judged
-    objective, loss = watched(lambda: F.cross_entropy(w, y) / 8)
+    objective, _loss = watched(lambda: F.cross_entropy(w, y) / 8)
     assert objective.match == "scaled" and objective.known
     assert objective.scale == pytest.approx(1 / 8)
     assert objective.chance == pytest.approx(math.log(10))

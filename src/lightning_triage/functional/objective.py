@@ -347,7 +347,7 @@ class ObjectiveWatch(DrawWatch):
         if not self._live:
             self._live = True
             _LIVE[0] += 1
-        return out  # type: ignore[no-any-return]
+        return out
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
