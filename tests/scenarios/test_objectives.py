@@ -85,3 +85,22 @@ def test_vae_with_flipped_kl_leads_with_divergence(tmp_path: Path) -> None:
     assert "fell without bound" in diverging["message"]
     assert diverging["evidence"]["level"] < -10 * abs(diverging["evidence"]["step0"])
     assert "curve.healthy" not in {f["code"] for f in report["findings"]}
+
+
+def test_watching_the_step_changes_nothing(tmp_path: Path) -> None:
+    # a step that draws its noise and timestep: the same weights with and without the bundle
+    import torch
+
+    def weights(callbacks: list[Any]) -> list[torch.Tensor]:
+        pl.seed_everything(0, verbose=False)
+        model, train, val = RECIPES["diffusion"]()
+        trainer = pl.Trainer(max_epochs=1, limit_train_batches=6, limit_val_batches=1,
+                             callbacks=callbacks, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=tmp_path)
+        trainer.fit(model, train, val)
+        return [p.detach().clone() for p in model.parameters()]
+
+    plain = weights([])
+    watched = weights([Triage(report_dir=tmp_path, verbose=False, overfit_time_budget=60.0)])
+    assert all(torch.equal(a, b) for a, b in zip(plain, watched, strict=True))

@@ -198,6 +198,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._objective = StepObjective()
         #: why a shape could not be judged against the objective (its chance level unknown)
         self.objective_note = ""
+        self._chance_read = False  # the first step's chance level was read (or never will be)
         self._steps: StepCounter | None = None
         self._val_runs = 0
         self._window_n = 0
@@ -231,8 +232,15 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                            loss: Tensor) -> None:
         self._objective.stop(loss)
 
+    @override
+    def needs_hook(self, hook: str) -> bool:
+        if hook == "on_before_backward":  # only to stop the first step's watch
+            return not self._chance_read and not self.idle
+        return super().needs_hook(hook)
+
     def _resolve_chance(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                         outputs: STEP_OUTPUT) -> None:
+        self._chance_read = True
         output, targets = self._capture.finish()
         loss = loss_from_outputs(outputs, pl_module, trainer) if self._objective.active else None
         objective = self._objective.finish(None if loss is None else float(loss))
@@ -530,6 +538,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._val_runs = int(state.get("val_runs", 0))
         self._window_n = int(state.get("window_n", 0))
         self.objective_note = str(state.get("objective_note", ""))
+        self._chance_read = True  # a resumed run does not read it again
 
 
 __all__ = ["LossCurveMonitor"]
