@@ -182,6 +182,13 @@ class Objective:
         return self._combined("floor")
 
     @property
+    def floor_of_draw(self) -> float | None:
+        """The floor on one fixed draw (the step's random draws replayed identically, as the
+        overfit probe does): a mixup's soft targets of that draw floor at their entropy.
+        ``None`` for in-batch negatives and unknown objectives."""
+        return self._combined("floor") if self.known else None
+
+    @property
     def has_floor(self) -> bool:
         """Whether a fixed batch can be memorized down to a known floor."""
         return self.floor is not None

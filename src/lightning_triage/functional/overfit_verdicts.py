@@ -156,7 +156,7 @@ def _objective_reference(run: ProbeRun, start: float, objective: Objective,
     chance = None if level is None or level.task == "regression" else level.value * scale
     run.chance = chance
     run.chance_text = level.describe() if chance is not None and level is not None else ""
-    floor = (objective.floor or 0.0) * scale
+    floor = (objective.floor_of_draw or 0.0) * scale  # every probe step has the same draw
     term = objective.term
     # soft targets (a mix, a teacher's probabilities) floor at their own entropy; label
     # smoothing on class indices is judged by its predictions at its plateau (below)
