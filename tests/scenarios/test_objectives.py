@@ -77,9 +77,10 @@ def test_no_floor_objective_is_never_a_failed_probe(tmp_path: Path) -> None:
         assert "cannot judge" in probe[0]["message"] and "randn_like" in probe[0]["message"]
 
 
-def test_vae_with_flipped_kl_leads_with_divergence(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", seeds())
+def test_vae_with_flipped_kl_leads_with_divergence(tmp_path: Path, seed: int) -> None:
     scenario = broken_run("vae-kl-sign")
-    report = fit(scenario.build, tmp_path, max_epochs=scenario.max_epochs)
+    report = fit(scenario.build, tmp_path, seed, max_epochs=scenario.max_epochs)
     assert report["start_here"] == "curve.diverging", [f["code"] for f in report["findings"]]
     diverging = next(f for f in report["findings"] if f["code"] == "curve.diverging")
     assert "fell without bound" in diverging["message"]
@@ -104,3 +105,17 @@ def test_watching_the_step_changes_nothing(tmp_path: Path) -> None:
     plain = weights([])
     watched = weights([Triage(report_dir=tmp_path, verbose=False, overfit_time_budget=60.0)])
     assert all(torch.equal(a, b) for a, b in zip(plain, watched, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("name", ["vae-kl-sign", "clip-scale-twice"])
+def test_objective_bugs_hold_on_other_seeds(tmp_path: Path, name: str, seed: int) -> None:
+    # seed 0 is the registry's test (tests/scenarios/test_broken_runs.py)
+    scenario = broken_run(name)
+    broken = fit(scenario.build, tmp_path / "broken", seed, max_epochs=scenario.max_epochs)
+    assert scenario.expect in [f["code"] for f in broken["findings"]]
+    twin = scenario.twin()
+    fixed = fit(twin.build, tmp_path / "fixed", seed, max_epochs=twin.max_epochs)
+    assert [(f["code"], f["severity"]) for f in fixed["findings"]
+            if f["severity"] != "info"] == []
