@@ -483,3 +483,23 @@ def test_foreach_norms_is_the_one_call_of_torchs_fused_norm(monkeypatch: pytest.
     slow = foreach_norms(tensors, 2, dtype=torch.float32)
     assert [float(n) for n in fast] == [float(n) for n in slow] == [5.0, 2.0, 0.0]
     assert [float(n) for n in _torch_compat.foreach_norms(tensors[:1], float("inf"))] == [4.0]
+
+
+def test_exit_function_mode_is_the_one_reader_of_the_mode_stack() -> None:
+    from lightning_triage._torch_compat import exit_function_mode
+    from lightning_triage.functional.draws import DrawWatch
+
+    callers = sorted(path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py")
+                     if path.name != "_torch_compat.py" and any(
+                         isinstance(node, ast.Attribute) and node.attr in (
+                             "_pop_mode", "_push_mode", "_get_current_function_mode_stack")
+                         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
+    assert callers == []
+    a, b = DrawWatch(), DrawWatch()
+    a.__enter__()
+    b.__enter__()
+    exit_function_mode(a)  # the fast path: b stays, a leaves from under it
+    assert torch.overrides._get_current_function_mode_stack() == [b]
+    exit_function_mode(a)  # not on the stack: nothing happens
+    exit_function_mode(b)
+    assert torch.overrides._get_current_function_mode_stack() == []

@@ -36,4 +36,40 @@ def foreach_norms(tensors: Sequence[Tensor], ord: float = 2,
     return [torch.linalg.vector_norm(t if dtype is None else t.to(dtype), ord) for t in tensors]
 
 
-__all__ = ["foreach_norms"]
+def exit_function_mode(mode: object) -> None:
+    """Take ``mode`` (a ``TorchFunctionMode`` entered with ``__enter__``) off the torch function
+    mode stack, wherever it is: modes entered after it (another watch started and not yet
+    stopped) stay, in their order.
+
+    ``torch.overrides._get_current_function_mode_stack``, ``_pop_mode`` and ``_push_mode``;
+    without them, ``mode.__exit__`` (which pops the top of the stack).
+
+    Example:
+        >>> from torch.overrides import TorchFunctionMode
+        >>> a, b = TorchFunctionMode(), TorchFunctionMode()
+        >>> _ = a.__enter__(); _ = b.__enter__()
+        >>> exit_function_mode(a)
+        >>> torch.overrides._get_current_function_mode_stack() == [b]
+        True
+        >>> exit_function_mode(b)
+    """
+    overrides = torch.overrides
+    stack_of = getattr(overrides, "_get_current_function_mode_stack", None)
+    pop, push = getattr(overrides, "_pop_mode", None), getattr(overrides, "_push_mode", None)
+    if stack_of is None or pop is None or push is None:
+        mode.__exit__(None, None, None)  # type: ignore[attr-defined]
+        return
+    stack = list(stack_of())
+    if not any(m is mode for m in stack):
+        return
+    above = []
+    while True:
+        top = pop()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        push(m)
+
+
+__all__ = ["exit_function_mode", "foreach_norms"]

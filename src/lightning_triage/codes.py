@@ -455,7 +455,9 @@ _SPECS: tuple[CodeSpec, ...] = (
           "Lower the learning rate (3-10x), add warmup, clip gradients (`gradient_clip_val`), and "
           "see the numerics and grad findings.",
           when="A NaN/Inf loss after growth (a value above 10x the step-0 loss in the 8 steps before), a "
-               "NaN/Inf validation loss, or a running median above 10x the step-0 loss until the end.",
+               "NaN/Inf validation loss, or a running median above 10x the step-0 loss until the end; "
+               "or a loss that falls without bound (its running median below -10x the step-0 "
+               "loss's size, still falling: a term with the wrong sign).",
           remedy="lr_down"),
     _spec("curve.plateau_at_chance", "error", "The loss settled at chance level",
           "The model predicts the prior: look for saturated units (unscaled inputs, too high a "

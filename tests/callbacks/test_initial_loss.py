@@ -158,9 +158,10 @@ def test_token_level_run_with_scaled_logits_is_caught(tmp_path: Path) -> None:
             return F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:])
 
     check = fit_check(tmp_path, HotLM(), DataLoader(DictTokens(), batch_size=8))
-    # inferred from the dict batch: labels (8, 12) vs head output (8, 11, 32) does not line up,
-    # so the task is unknown unless given; pass it and the scaled logits are caught
-    assert [f.code for f in check.findings] == ["init.chance_unknown"]
+    # the dict batch's labels (8, 12) and the head's output (8, 11, 32) do not line up, but the
+    # step's `F.cross_entropy` call says what the loss is: 32 classes along dim 1
+    assert [f.code for f in check.findings] == ["init.loss_above_chance"]
+    assert check.findings[0].evidence["num_classes"] == 32
     check = fit_check(tmp_path, HotLM(), DataLoader(DictTokens(), batch_size=8),
                       task="sequence", num_classes=32)
     assert [f.code for f in check.findings] == ["init.loss_above_chance"]
@@ -232,7 +233,7 @@ def test_no_targets_gives_chance_unknown_naming_the_argument(tmp_path: Path) -> 
 
         def training_step(self, batch: Any, batch_idx: int) -> Tensor:
             (x,) = batch
-            return F.mse_loss(self.net(x), x)
+            return (self.net(x) - x).pow(2).mean()  # no loss function the check knows
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.Adam(self.parameters())

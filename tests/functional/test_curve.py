@@ -307,3 +307,23 @@ def test_a_bad_batch_in_the_same_bert_run_is_still_a_loss_spike(step: int) -> No
     assert [v.step for v in verdicts if v.code == "curve.loss_spike"] == [step]
     ev = next(v.evidence for v in verdicts if v.code == "curve.loss_spike")
     assert (ev["value"] - ev["level_before"]) / ev["spread"] > 2 * CurveThresholds().spike_z
+
+
+def test_a_loss_that_falls_without_bound_is_diverging() -> None:
+    # a VAE whose KL term has the wrong sign: the loss heads to minus infinity
+    falling = [40.0 - 5.0 * i for i in range(20)] + [-60.0 * 1.15 ** i for i in range(40)]
+    verdicts = classify_curve(falling, chance=None)
+    assert [v.code for v in verdicts] == ["curve.diverging"]
+    assert "fell without bound" in verdicts[0].message
+    assert verdicts[0].evidence["direction"] == "down"
+    # a NaN after such a fall is a divergence too, not a numerics bug out of the blue
+    assert [v.code for v in classify_curve([*falling, float("-inf")])] == ["curve.diverging"]
+
+
+def test_a_likelihood_that_settles_below_zero_is_not_diverging() -> None:
+    # a Gaussian NLL: from about 1 down to a negative plateau, bounded
+    settling = [1.0 - 3.0 * (1 - 0.9 ** i) + 0.02 * ((i * 7) % 5 - 2) for i in range(120)]
+    assert "curve.diverging" not in [v.code for v in classify_curve(settling)]
+    # a large negative level that does not keep falling is not a fall without bound either
+    flat_low = [50.0 - 30.0 * i for i in range(20)] + [-600.0 + ((i * 7) % 5) for i in range(60)]
+    assert "curve.diverging" not in [v.code for v in classify_curve(flat_low)]

@@ -23,6 +23,7 @@ from typing_extensions import override
 
 from lightning_triage.callbacks._args import BundleArg, check_bool, state_key_of
 from lightning_triage.findings import Finding, Severity
+from lightning_triage.functional.objective import library_code
 from lightning_triage.functional.verdict import Verdict
 from lightning_triage.ranking import SUSPICIONS
 from lightning_triage.report_safe import safe_str
@@ -50,7 +51,8 @@ def guarded(
         if self.disabled:
             return None
         try:
-            return hook(self, trainer, *args, **kwargs)
+            with library_code():  # unseen by a watch of the user's step
+                return hook(self, trainer, *args, **kwargs)
         except Exception as exc:
             self.hook_failed(trainer, hook.__name__, exc)
             return None

@@ -31,7 +31,12 @@ from lightning_triage.functional.chance import (
     resolve_chance,
 )
 from lightning_triage.functional.hooks import HeadCapture
-from lightning_triage.functional.init_verdicts import chance_unknown_verdict, initial_loss_verdict
+from lightning_triage.functional.init_verdicts import (
+    chance_unknown_verdict,
+    initial_loss_verdict,
+    objective_unknown_verdict,
+)
+from lightning_triage.functional.objective import Objective, StepObjective
 
 
 class InitialLossCheck(TriageCallback):
@@ -41,7 +46,13 @@ class InitialLossCheck(TriageCallback):
     optimizer that evaluates its closure several times per step (LBFGS) it is the first
     evaluation's loss, taken before the first backward. With
     ``task="auto"`` the task and class count are inferred from the targets and the shape of the
-    model's output on that batch (captured by temporary forward hooks removed right after).
+    model's output on that batch (captured by temporary forward hooks removed right after),
+    unless the step calls a loss function the check knows: the first step is watched (a torch
+    function mode that only observes; not for a module that runs compiled code) and the chance
+    level is that loss's (:mod:`~lightning_triage.functional.objective`: soft targets, label
+    smoothing, multilabel BCE with ``pos_weight``, in-batch negatives ``ln B``, KL to soft
+    targets, masked positions only). A loss that is not one recognized term (weighted terms
+    summed, a metric-learning loss) is not compared: ``init.chance_unknown`` (info) names it.
 
     Findings: ``init.loss_above_chance``, ``init.loss_below_chance`` (info for a peft
     fine-tune: adapters over a pretrained base start below chance), ``init.chance_unknown``.
@@ -107,6 +118,9 @@ class InitialLossCheck(TriageCallback):
         self.chance: ChanceLevel | None = None
         self.initial_loss: float | None = None
         self._capture = HeadCapture()
+        self._objective = StepObjective()
+        #: what the step-0 loss is (the loss functions the step called), when watched
+        self.objective: Objective | None = None
         self._closure_losses: list[Tensor] = []  # the first backward losses of step 0
 
     @override
@@ -119,11 +133,14 @@ class InitialLossCheck(TriageCallback):
         self._closure_losses = []
         self._capture.start(pl_module, targets, hooks=self.task == "auto",
                             wrap=lambda hook: self.guard_hook(trainer, "forward hook", hook))
+        if self.task == "auto":  # which loss the step calls decides the chance level
+            self._objective.start(pl_module)
 
     @override
     @guarded
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            loss: Tensor) -> None:
+        self._objective.stop(loss)  # the loss is computed: the backward is not watched
         if self._capture.active and len(self._closure_losses) < 2:
             self._closure_losses.append(loss.detach().clone())
 
@@ -132,9 +149,11 @@ class InitialLossCheck(TriageCallback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
         if not self._capture.active:
+            self._objective.close()
             self.idle = self.ran or trainer.global_step > 0
             return
         output, targets = self._capture.finish()
+        self._objective.stop()
         loss = loss_from_outputs(outputs, pl_module, trainer)
         if len(self._closure_losses) > 1 and pl_module.automatic_optimization \
                 and not fp16_amp(trainer):
@@ -142,12 +161,25 @@ class InitialLossCheck(TriageCallback):
             # step-0 loss is the first evaluation, the outputs hold the last
             loss = self._closure_losses[0] * trainer.accumulate_grad_batches
         if loss is None:
+            self._objective.close()
             self.skip("the first training step returned no scalar loss")
             return
         self.initial_loss = float(loss)
+        self.objective = self._objective.finish(self.initial_loss)
         self.mark_ran(f"step-0 loss {self.initial_loss:.4g}")
         if not math.isfinite(self.initial_loss):
             self.detail = f"step-0 loss is {self.initial_loss}; see the numerics findings"
+            return
+        if self.objective is not None and self.objective.recognized:
+            # the loss functions the step called decide, not the batch's labels
+            level = self.objective.chance_level()
+            if level is None:
+                self.detail = f"not judged: {self.objective.describe()}"
+                self.add_verdict(trainer, objective_unknown_verdict(self.initial_loss,
+                                                                    self.objective))
+                return
+            self.chance = level
+            self._compare(trainer, self.initial_loss, level)
             return
         level = resolve_chance(self.task, self.num_classes, output, targets, self.ignore_index)
         if level is None:
@@ -176,6 +208,7 @@ class InitialLossCheck(TriageCallback):
     def remove_handles(self) -> None:
         super().remove_handles()
         self._capture.close()
+        self._objective.close()
 
     @override
     def report_details(self) -> dict[str, Any]:
@@ -185,6 +218,8 @@ class InitialLossCheck(TriageCallback):
                                 else str(self.initial_loss)}
         if self.chance is not None:
             info.update(chance=self.chance.value, chance_formula=self.chance.describe())
+        if self.objective is not None and self.objective.recognized:
+            info.update(objective=self.objective.describe())
         return {"initial_loss": info}
 
     @override

@@ -32,7 +32,7 @@ from lightning_triage.callbacks._monitor import (
     scalar,
     validate_window,
 )
-from lightning_triage.callbacks._shared import validate_task
+from lightning_triage.callbacks._shared import loss_from_outputs, validate_task
 from lightning_triage.callbacks._step import RowBuffer, StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, split_batch
@@ -49,6 +49,7 @@ from lightning_triage.functional.curve_verdicts import (
     validation_verdict,
 )
 from lightning_triage.functional.hooks import HeadCapture
+from lightning_triage.functional.objective import StepObjective
 from lightning_triage.functional.overfit import batch_size_of
 from lightning_triage.functional.series import BoundedSeries
 from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch
@@ -194,6 +195,10 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._val_sum: Tensor | None = None
         self._val_n = 0
         self._capture = HeadCapture()
+        self._objective = StepObjective()
+        #: why a shape could not be judged against the objective (its chance level unknown)
+        self.objective_note = ""
+        self._chance_read = False  # the first step's chance level was read (or never will be)
         self._steps: StepCounter | None = None
         self._val_runs = 0
         self._window_n = 0
@@ -218,9 +223,33 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         targets = split_batch(batch, self.input_key, self.target_key).targets
         self._capture.start(pl_module, targets, hooks=self.task == "auto",
                             wrap=lambda hook: self.guard_hook(trainer, "forward hook", hook))
+        if self.task == "auto":  # the chance level is that of the loss the step calls
+            self._objective.start(pl_module)
 
-    def _resolve_chance(self) -> None:
+    @override
+    @guarded
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           loss: Tensor) -> None:
+        self._objective.stop(loss)
+
+    @override
+    def needs_hook(self, hook: str) -> bool:
+        if hook == "on_before_backward":  # only to stop the first step's watch
+            return not self._chance_read and not self.idle
+        return super().needs_hook(hook)
+
+    def _resolve_chance(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                        outputs: STEP_OUTPUT) -> None:
+        self._chance_read = True
         output, targets = self._capture.finish()
+        loss = loss_from_outputs(outputs, pl_module, trainer) if self._objective.active else None
+        objective = self._objective.finish(None if loss is None else float(loss))
+        if objective is not None and objective.recognized:
+            self.chance = objective.chance_level()
+            if self.chance is None:
+                self.objective_note = (f"`plateau_at_chance` not judged: {objective.describe()} "
+                                       "has no chance level known")
+            return
         try:
             self.chance = resolve_chance(self.task, self.num_classes, output, targets,
                                          self.ignore_index)
@@ -238,7 +267,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
         if self._capture.active:
-            self._resolve_chance()
+            self._resolve_chance(trainer, pl_module, outputs)
         if self.window_closed and not self.watch:
             return
         # one value per optimizer step: the last micro-batch of an accumulation cycle
@@ -309,7 +338,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             shape = ("healthy" if n >= self.thresholds.min_steps else
                      f"too short to classify (fewer than {self.thresholds.min_steps} values)")
         self.detail = (f"window of {n} steps ({self.train_steps[0]}-{self.train_steps[-1]})"
-                       f"{'' if complete else ' (run ended inside the window)'}: {shape}")
+                       f"{'' if complete else ' (run ended inside the window)'}: {shape}"
+                       + (f"; {self.objective_note}" if self.objective_note else ""))
         self.window_closed = True
         self.train, self.train_steps = [], []  # the window's values are no longer needed
 
@@ -463,6 +493,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
     def remove_handles(self) -> None:
         super().remove_handles()
         self._capture.close()
+        self._objective.close()
 
     @override
     def extra_state(self) -> dict[str, Any]:
@@ -479,6 +510,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             "reported": [list(k) for k in self._reported],
             "pending": pending, "pending_steps": steps,
             "val_runs": self._val_runs, "window_n": self._window_n,
+            "objective_note": self.objective_note,
         }
 
     @override
@@ -505,6 +537,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                 self._buf.rows[self._buf.next_row(int(s))] = [v]
         self._val_runs = int(state.get("val_runs", 0))
         self._window_n = int(state.get("window_n", 0))
+        self.objective_note = str(state.get("objective_note", ""))
+        self._chance_read = True  # a resumed run does not read it again
 
 
 __all__ = ["LossCurveMonitor"]

@@ -30,6 +30,7 @@ from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX, Task
 from lightning_triage.functional.hooks import capture_last_output, grad_enabled_calls
+from lightning_triage.functional.objective import ObjectiveWatch
 from lightning_triage.functional.overfit import (
     OverfitVerdict,
     batch_size_of,
@@ -50,6 +51,8 @@ from lightning_triage.probing import (
     UserCodeError,
     copy_optimizer,
     probe_module,
+    rng_state,
+    set_rng_state,
     step_loss,
     user_code,
 )
@@ -160,9 +163,14 @@ class OverfitBatchCheck(TriageCallback):
     iterated) and the model is trained on them alone for up to ``max_steps`` steps, with the
     user's own ``training_step`` (so the real loss is tested), a fresh optimizer of the user's
     type and hyperparameters (weight decay 0; learning rate before any scheduler warmup), and
-    dropout layers in eval mode. The probe stops early once the loss is near zero:
-    ``tolerance`` times the chance level (inferred from the output and targets, or from
-    ``task``/``num_classes``), else times the starting loss.
+    dropout layers in eval mode. Every step starts from the same random state, so an objective
+    that draws in its step (a noise, a mask, a timestep, a mix) sees the same draw each time. The
+    probe stops early once the loss is near zero: ``tolerance`` times the chance level (the
+    chance level of the loss the step calls, see :mod:`~lightning_triage.functional.objective`;
+    else inferred from the output and targets, or from ``task``/``num_classes``), else times the
+    starting loss, above the objective's memorization floor (soft targets: their own entropy).
+    An objective with no floor the probe can reach (a fresh draw per step, in-batch negatives)
+    is never ``overfit.failed`` for a plateau: ``overfit.inconclusive`` (info) names it.
 
     The probe trains a deep copy of the LightningModule (:func:`~lightning_triage.probing.
     probe_module`; the trainer, loggers and datamodule are shared), so nothing the module holds
@@ -345,18 +353,25 @@ class OverfitBatchCheck(TriageCallback):
         started = time.perf_counter()
         step_times: list[float] = []
         owners = _frozen_owners(pl_module)
+        watch = ObjectiveWatch()  # what the step optimizes, read at its first call
+        fixed = rng_state()  # every step draws the same noise, mask, timestep or mix
         for step in range(self.max_steps):
             tic = time.perf_counter()
             for _, p in params:
                 p.grad = None
             if step == 0:
-                with grad_enabled_calls(pl_module, owners) as called:
+                with grad_enabled_calls(pl_module, owners) as called, watch:
                     output, captured = self._user_step(trainer, pl_module, args, run, step)
                 if not run.error:  # after the first forward: lazy modules have sizes
                     trainable = _note_params(run, params, held, owners - called)
             else:
+                set_rng_state(fixed)
                 output, captured = self._user_step(trainer, pl_module, args, run, step)
             loss = step_loss(output)
+            if step == 0:
+                run.objective = watch.objective(
+                    None if loss is None else float(loss.detach().float()),
+                    None if loss is None else loss.grad_fn)
             if self._stop_everywhere(trainer, run, self._judge_loss(run, step, loss, batch,
                                                                     captured)):
                 return
@@ -411,7 +426,8 @@ class OverfitBatchCheck(TriageCallback):
         if step == 0:
             set_reference(run, value, split_batch(batch, self.input_key, self.target_key).targets,
                           captured.output if captured else None, task=self.task,
-                          num_classes=self.num_classes, tolerance=self.tolerance)
+                          num_classes=self.num_classes, tolerance=self.tolerance,
+                          objective=run.objective)
         if captured is not None and captured.output is not None and \
                 run.targets is not None:  # judged by its predictions at a plateau
             run.all_right = predictions_right(captured.output, run.targets, run.class_dim,

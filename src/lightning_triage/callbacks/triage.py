@@ -23,6 +23,7 @@ from lightning_triage.callbacks.structure_probe import ForwardFn
 from lightning_triage.errors import TriageConfigError
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.chance import Task
+from lightning_triage.functional.objective import library_code
 
 _PER_STEP = frozenset({"on_train_batch_start", "on_train_batch_end", "on_before_backward",
                        "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"})
@@ -244,7 +245,8 @@ class Triage(Callback):
             if cb.disabled:
                 continue
             try:
-                fn(cb, trainer, *args)
+                with library_code():  # unseen by a watch of the user's step
+                    fn(cb, trainer, *args)
             except Exception as exc:
                 cb.hook_failed(trainer, hook, exc)
 

@@ -153,6 +153,9 @@ def infer_task(output: Tensor | None, targets: Tensor | None,
 class ChanceLevel:
     """The chance-level loss of a task, with the best-constant (prior) baseline when known.
 
+    ``formula``, when set, is how :meth:`describe` names it (a level derived from the loss
+    function the step calls, see :mod:`~lightning_triage.functional.objective`).
+
     For regression, ``value`` is the variance of the targets (MSE of the mean), ``prior`` the
     mean absolute deviation from the median (L1 of the best constant) and ``zero_baseline`` the
     mean square of the targets (MSE of predicting zero, what a fresh model does).
@@ -170,9 +173,13 @@ class ChanceLevel:
     num_classes: int | None = None
     prior: float | None = None
     zero_baseline: float | None = None
+    #: the formula as the objective names it (a level derived from the loss the step calls)
+    formula: str | None = None
 
     def describe(self) -> str:
         """Human-readable formula, e.g. ``ln(10) = 2.303 for 10 classes``."""
+        if self.formula:
+            return self.formula
         if self.task in ("multiclass", "sequence") and self.num_classes is not None:
             unit = "classes" if self.task == "multiclass" else "tokens in the vocabulary"
             return f"ln({self.num_classes}) = {self.value:.3f} for {self.num_classes} {unit}"

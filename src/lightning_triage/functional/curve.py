@@ -238,7 +238,10 @@ def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], st
     finite = np.isfinite(x)
     if not finite.all():
         i = int(np.argmin(finite))
-        if not grew_before(x, i, step0 if math.isfinite(step0) else math.nan, th.diverge_ratio):
+        ref = step0 if math.isfinite(step0) else math.nan
+        fell = math.isfinite(ref) and bool(np.any(
+            x[max(0, i - 8):i] < -th.diverge_ratio * max(abs(ref), 1.0)))
+        if not grew_before(x, i, ref, th.diverge_ratio) and not fell:
             return None  # NaN/Inf out of the blue: a numerics bug, not the curve's shape
         last = float(x[i - 1]) if i > 0 else math.nan
         early = " so early that the learning rate is the first suspect" if i < 50 else ""
@@ -255,6 +258,10 @@ def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], st
                 f"the validation loss became {v} at step {s} while the training loss was "
                 f"finite (step-0 loss {_fmt(step0)}).",
                 evidence={"first_nonfinite_val_step": s, "value": str(v), "step0": step0})
+    if math.isfinite(step0) and x.size >= 2 * th.smooth:
+        fall = _unbounded_fall(x, st, step0, th)
+        if fall is not None:
+            return fall
     if not math.isfinite(step0) or step0 <= 0 or x.size < th.smooth:
         return None
     med = _running_median(x, th.smooth)
@@ -273,6 +280,34 @@ def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], st
         f"{th.diverge_ratio:g}x since step {int(st[i])}.",
         evidence={"step0": step0, "level": float(med[-1]), "ratio_to_step0": float(med[-1] / step0),
          "since_step": int(st[i]), "log_slope_per_step": slope})
+
+
+def _unbounded_fall(x: np.ndarray, st: np.ndarray, step0: float, th: CurveThresholds
+                    ) -> Verdict | None:
+    """``curve.diverging`` for a loss that falls without bound: its running median below
+    ``-diverge_ratio`` times the step-0 loss's size (at least 1) and its magnitude still growing
+    over the second half of the window (a likelihood with a flipped term heads to minus
+    infinity; a Gaussian NLL that settles below zero does not)."""
+    ref = max(abs(step0), 1.0)
+    med = _running_median(x, th.smooth)
+    if not med[-1] < -th.diverge_ratio * ref:
+        return None
+    tail = x[x.size // 2:]
+    if tail.size < 4 or not bool(np.all(tail < 0)):
+        return None
+    slope, t = _slope_t(np.log(-tail))
+    if not (slope > 0 and t > th.trend_t):
+        return None
+    above = np.nonzero(med >= -th.diverge_ratio * ref)[0]
+    i = (int(above[-1]) + 1 if above.size else 0) + th.smooth - 1
+    return Verdict(
+        "curve.diverging", int(st[i]),
+        f"the training loss fell without bound: {_fmt(float(med[-1]))} (running median) from "
+        f"{_fmt(step0)} at step 0, below -{th.diverge_ratio:g}x its size since step "
+        f"{int(st[i])} and still falling ({math.exp(slope):.3g}x per step): a loss that no "
+        "objective can reach, e.g. a term with the wrong sign.",
+        evidence={"step0": step0, "level": float(med[-1]), "since_step": int(st[i]),
+                  "log_slope_per_step": slope, "direction": "down"})
 
 
 def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],

@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lightning_triage.functional.chance import TASKS, ChanceLevel, compare_to_chance
+from lightning_triage.functional.objective import Objective
 from lightning_triage.functional.verdict import Verdict
 
 
@@ -44,6 +45,29 @@ def chance_unknown_verdict(output: Tensor | None, targets: Tensor | None, *,
         f"{', '.join(TASKS[1:])}) and `num_classes=` to check it.",
         evidence={"output_shape": None if output is None else list(output.shape),
                   "target_shape": None if targets is None else list(targets.shape)})
+
+
+def objective_unknown_verdict(loss: float, objective: Objective) -> Verdict:
+    """``init.chance_unknown`` (info): the step called loss functions, but no chance level is
+    known for what it returned (a composite of weighted terms, a metric-learning or likelihood
+    loss). The message names the objective.
+
+    Example:
+        >>> from lightning_triage.functional.loss_terms import LossCall
+        >>> from lightning_triage.functional.objective import infer_objective
+        >>> triplet = LossCall("triplet_margin_loss", 0.98, "metric", floor=0.0)
+        >>> objective_unknown_verdict(0.98, infer_objective([triplet], 0.98)).message[:64]
+        'The step-0 loss 0.98 is a metric-learning loss, which has no cha'
+    """
+    composite = objective.recognized and not objective.known
+    why = ("the check cannot tell the share of each term" if composite
+           else "which has no chance level this check knows")
+    return Verdict(
+        "init.chance_unknown", 0,
+        f"The step-0 loss {loss:.4g} is {objective.describe()}, {why}: it was not compared "
+        "with a chance level (integer labels in the batch do not make it a cross-entropy).",
+        evidence={"objective": objective.describe(), "match": objective.match,
+                  "loss_functions": [c.name for c in objective.calls][:8], "loss": loss})
 
 
 def initial_loss_verdict(loss: float, level: ChanceLevel, *, above_ratio: float = 2.0,
@@ -98,5 +122,5 @@ def initial_loss_verdict(loss: float, level: ChanceLevel, *, above_ratio: float 
                    "model cannot do that well.", evidence=evidence)
 
 
-__all__ = ["chance_unknown_verdict", "initial_loss_verdict"]
+__all__ = ["chance_unknown_verdict", "initial_loss_verdict", "objective_unknown_verdict"]
 

@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from lightning_triage.functional.chance import IGNORE_INDEX, chance_level, infer_task
+from lightning_triage.functional.objective import Objective
 from lightning_triage.functional.overfit import (
     OverfitVerdict,
     judge_curve,
@@ -69,6 +70,14 @@ class ProbeRun:
     no_grad: list[ModuleGroup] = field(default_factory=list)
     frozen: list[ModuleGroup] = field(default_factory=list)
     outside_optimizer: list[ModuleGroup] = field(default_factory=list)
+    #: what the step optimizes, watched at the probe's first step
+    objective: Objective | None = None
+    #: the objective has no floor the probe can reach (named): a plateau is not judged
+    no_floor: str = ""
+    #: the objective's memorization floor (soft targets: their entropy), when above 0
+    memorization_floor: float = 0.0
+    #: the task the chance level was taken from ("" when none)
+    task: str = ""
 
 
 @dataclass
@@ -133,24 +142,46 @@ def softmax_in_loss(output: Tensor, targets: Tensor, class_dim: int, loss: float
     return abs(as_probs - loss) <= 1e-4 * scale and abs(as_logits - loss) > 2e-3 * scale
 
 
-def set_reference(run: ProbeRun, start: float, targets: Tensor | None, output: Tensor | None, *,
-                  task: str, num_classes: int | None, tolerance: float) -> None:
-    """Fill ``run``'s chance level, near-zero target and probability floor from the first step.
+def _objective_reference(run: ProbeRun, start: float, objective: Objective,
+                         tolerance: float) -> bool:
+    """The chance level, floor and target of a known objective (``True``), or ``False`` when
+    the objective does not decide them (composite, or no recognized loss call)."""
+    if objective.fresh_draws or (objective.term is not None
+                                 and objective.term.kind == "in_batch_negatives"):
+        run.no_floor = objective.describe()
+    if not objective.known:
+        return False
+    level = objective.chance_level()
+    scale = abs(objective.scale)  # the loss is its one call times a constant
+    chance = None if level is None or level.task == "regression" else level.value * scale
+    run.chance = chance
+    run.chance_text = level.describe() if chance is not None and level is not None else ""
+    floor = (objective.floor_of_draw or 0.0) * scale  # every probe step has the same draw
+    term = objective.term
+    # soft targets (a mix, a teacher's probabilities) floor at their own entropy; label
+    # smoothing on class indices is judged by its predictions at its plateau (below)
+    soft = term is not None and term.kind == "soft_targets" \
+        and not term.facts.get("label_smoothing")
+    run.memorization_floor = floor if floor > 0 and soft else 0.0
+    if level is not None and level.task == "regression":  # as below, against the variance
+        variance = level.value * scale
+        run.target = near_zero_target(start, min(variance, start) if start > 0 else variance,
+                                      tolerance)
+    else:
+        run.target = run.memorization_floor + near_zero_target(start, chance, tolerance)
+    return True
 
-    Args:
-        run: the probe's record (its ``chance``, ``chance_text``, ``target``, ``targets``,
-            ``class_dim`` and ``floor`` are set).
-        start: the first step's loss.
-        targets: the probed batch's targets, if found.
-        output: the model's last output at the first step, if captured.
-        task: the task (``"auto"`` infers it from ``output`` and ``targets``).
-        num_classes: the class count, if given.
-        tolerance: "near zero" is this fraction of the chance level (or of ``start``).
-    """
+
+def _shape_reference(run: ProbeRun, start: float, targets: Tensor | None,
+                     output: Tensor | None, *, task: str, num_classes: int | None,
+                     tolerance: float) -> None:
+    """The chance level and target from the task (inferred from the output's and the targets'
+    shapes with ``task="auto"``)."""
     if task == "auto":
         inferred = infer_task(output, targets)
         task, inferred_classes = inferred if inferred is not None else ("", None)
         num_classes = num_classes or inferred_classes
+    run.task = task
     chance = None
     try:
         if task in ("multiclass", "sequence", "binary") or (task == "regression"
@@ -165,6 +196,37 @@ def set_reference(run: ProbeRun, start: float, targets: Tensor | None, output: T
     reference = min(chance, start) if task == "regression" and chance is not None \
         and start > 0 else chance
     run.target = near_zero_target(start, reference, tolerance)
+
+
+def set_reference(run: ProbeRun, start: float, targets: Tensor | None, output: Tensor | None, *,
+                  task: str, num_classes: int | None, tolerance: float,
+                  objective: Objective | None = None) -> None:
+    """Fill ``run``'s chance level, near-zero target and probability floor from the first step.
+
+    Args:
+        run: the probe's record (its ``chance``, ``chance_text``, ``target``, ``targets``,
+            ``class_dim`` and ``floor`` are set).
+        start: the first step's loss.
+        targets: the probed batch's targets, if found.
+        output: the model's last output at the first step, if captured.
+        task: the task (``"auto"`` infers it from ``output`` and ``targets``).
+        num_classes: the class count, if given.
+        tolerance: "near zero" is this fraction of the chance level (or of ``start``).
+        objective: what the step optimizes (watched at the first step): with ``task="auto"``,
+            a known objective's chance level and floor decide (soft targets: "near zero" is
+            above their entropy); one with no floor the probe can reach is noted.
+    """
+    known = objective is not None and task == "auto" and _objective_reference(
+        run, start, objective, tolerance)
+    if known:
+        term = objective.term if objective is not None else None
+        if term is None or term.kind not in ("multiclass", "sequence", "masked_lm"):
+            return  # the probability floor below reads class scores against class indices
+        task = "multiclass" if term.kind == "multiclass" else "sequence"
+    else:
+        _shape_reference(run, start, targets, output, task=task, num_classes=num_classes,
+                         tolerance=tolerance)
+        task = run.task
     if output is not None and targets is not None and task in ("multiclass", "sequence"):
         class_dim = -1 if tuple(output.shape[:-1]) == tuple(targets.shape) else 1
         run.targets, run.class_dim = targets, class_dim
@@ -309,6 +371,29 @@ def _high_floor(run: ProbeRun, verdict: OverfitVerdict) -> list[Verdict]:
                   "share": verdict.best / ref, "examples": run.examples})]
 
 
+def _cannot_judge(run: ProbeRun, verdict: OverfitVerdict, *, cost: str, opt_text: str,
+                  curve: list[list[float]]) -> ProbeConclusion | None:
+    """``overfit.inconclusive`` (info) for a loss that settled above the target when the
+    objective has no floor the probe can reach (a fresh draw per step, in-batch negatives):
+    the probe cannot tell a floor from a failure there. A curve that never moved, rose or went
+    non-finite, and a broken gradient path, still fail."""
+    if not run.no_floor or verdict.verdict != "failed" or run.floor is not None \
+            or verdict.reason not in ("plateau", "max_steps", "floor") or _wiring_causes(run):
+        return None
+    return ProbeConclusion(False, (
+        f"not judged: {run.no_floor}; loss {verdict.start:.4g} -> {verdict.best:.4g} on a fixed "
+        f"draw ({cost}, {opt_text})"), [Verdict(
+            "overfit.inconclusive", 0,
+            f"The probe cannot judge this objective, {run.no_floor}: it has no memorization "
+            f"floor the probe knows. On {run.examples} examples with the same draw at every "
+            f"step the loss went from {verdict.start:.4g} to {verdict.best:.4g} in "
+            f"{verdict.steps} steps ({run.seconds:.2f} s, {opt_text}) and settled above "
+            f"{run.target:.3g}.",
+            evidence={"objective": run.no_floor, "start": verdict.start, "best": verdict.best,
+                      "steps": verdict.steps, "reason": verdict.reason, "curve": curve,
+                      "target": run.target})], verdict, curve)
+
+
 def _judged(run: ProbeRun, verdict: OverfitVerdict, evidence: dict[str, Any], *, cost: str,
             opt_text: str, target_text: str) -> ProbeConclusion:
     """The conclusion for a run whose curve was judged (not detached)."""
@@ -325,6 +410,7 @@ def _judged(run: ProbeRun, verdict: OverfitVerdict, evidence: dict[str, Any], *,
                 "term), which is not a failure to learn.",
                 evidence=evidence), *_high_floor(run, verdict)])
     if verdict.verdict == "passed":
+        floor = [*_high_floor(run, verdict)] if run.memorization_floor else []
         return ProbeConclusion(True, (
             f"passed: loss {verdict.start:.4g} -> {verdict.best:.4g} on "
             f"{run.examples} examples ({cost}, {opt_text})"), [Verdict(
@@ -332,7 +418,7 @@ def _judged(run: ProbeRun, verdict: OverfitVerdict, evidence: dict[str, Any], *,
                 f"Memorized {run.examples} examples of the first batch in {n} steps "
                 f"({run.seconds:.2f} s, {opt_text}): loss {verdict.start:.4g} -> "
                 f"{verdict.best:.4g}, below the target {target_text}.",
-                evidence=evidence)])
+                evidence=evidence), *floor])
     if verdict.verdict == "inconclusive":
         why = "the time budget ran out" if run.stopped == "time" else "the steps ran out"
         return ProbeConclusion(False, (
@@ -391,6 +477,15 @@ def conclude_probe(run: ProbeRun, *, tolerance: float, max_steps: int, min_steps
                     floor=run.floor, all_predictions_right=run.all_right)
     target_text = (f"{run.target:.3g} ({tolerance:g}x chance {run.chance_text})"
                    if run.chance else f"{run.target:.3g} ({tolerance:g}x the start)")
+    if run.memorization_floor:
+        target_text = (f"{run.target:.3g} (the targets' own floor {run.memorization_floor:.4g} "
+                       f"+ {target_text.split(' (', 1)[1]}")
+        evidence["memorization_floor"] = run.memorization_floor
+    if run.objective is not None and run.objective.recognized:
+        evidence["objective"] = run.objective.describe()
+    unjudged = _cannot_judge(run, verdict, cost=cost, opt_text=opt_text, curve=curve)
+    if unjudged is not None:
+        return unjudged
     floor: list[Verdict] = []
     if run.floor is not None:
         seen = ("The model's outputs on the probed batch are logits, but the step-0 loss "

@@ -19,6 +19,7 @@ from torch.nn.parameter import is_lazy
 from torch.optim import Optimizer
 
 from lightning_triage._compat import share_trainer
+from lightning_triage.functional.objective import unwatched
 from lightning_triage.probing.compiled import eager, rebind_compiled, shared_compile_state
 from lightning_triage.probing.snapshot import isolated
 from lightning_triage.probing.state import (
@@ -333,7 +334,8 @@ def probe_module(trainer: pl.Trainer | None, module: nn.Module,
             f"nor a snapshot in the {free / 2**20:.0f} MiB free on {device.type}")
     saved = rng_state()
     try:
-        with quiet_loggers(trainer), trainer_state(trainer), eager():
+        # the probe's steps are not the user's step: a watch of the step does not see them
+        with quiet_loggers(trainer), trainer_state(trainer), eager(), unwatched():
             if twin is not None:
                 yield Probe(twin[0], twin[1], how)
             else:
