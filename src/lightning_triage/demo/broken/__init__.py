@@ -19,7 +19,6 @@ from lightning_triage.demo.broken.curves import CURVE_RUNS
 from lightning_triage.demo.broken.data import DATA_RUNS
 from lightning_triage.demo.broken.mode import MODE_RUNS
 from lightning_triage.demo.broken.numerics import NUMERICS_RUNS
-from lightning_triage.demo.broken.objectives import OBJECTIVE_RUNS
 from lightning_triage.demo.broken.overfit import OVERFIT_RUNS, REFUTED_LEAD_RUNS
 from lightning_triage.demo.broken.recipes import RECIPE_RUNS
 from lightning_triage.demo.broken.structure import STRUCTURE_RUNS
@@ -28,8 +27,7 @@ from lightning_triage.demo.scenario import Scenario
 
 #: Every broken run, in the protocol's order of stages.
 BROKEN_RUNS: list[Scenario] = [*DATA_RUNS, *WIRING_RUNS, *OVERFIT_RUNS, *STRUCTURE_RUNS,
-                               *MODE_RUNS, *NUMERICS_RUNS, *CURVE_RUNS, *OBJECTIVE_RUNS,
-                               *RECIPE_RUNS]
+                               *MODE_RUNS, *NUMERICS_RUNS, *CURVE_RUNS, *RECIPE_RUNS]
 
 #: The runs whose report must lead with the code they demonstrate (issue 14's causes).
 LEAD_RUNS: list[Scenario] = [s for s in BROKEN_RUNS if s.lead]

@@ -60,9 +60,7 @@ RECIPE_RUNS: list[Scenario] = [
     Scenario("clip-scale-twice",
              "CLIP loss with its logit scale applied twice (BAAI-DCAI/M3D#52)",
              "init.loss_above_chance", _build(lambda: CLIP(scale_twice=True), pairs),
-             trainer_kwargs=_FIT, fixed=_build(CLIP, pairs),
-             known_miss="issue 41: the step-0 check has no chance level for in-batch "
-                        "negatives (ln of the batch size)"),
+             trainer_kwargs=_FIT, fixed=_build(CLIP, pairs)),
     # The KL term with the wrong sign: the encoder is rewarded for an ever wider posterior and the
     # loss falls without bound. Sign mix-ups of the VAE's KL: AntixK/PyTorch-VAE#68,
     # wiseodd/generative-models#43; "VAE loss becomes largely negative": SeldonIO/alibi-detect#316.
@@ -70,9 +68,7 @@ RECIPE_RUNS: list[Scenario] = [
              "VAE whose KL term is subtracted (AntixK/PyTorch-VAE#68)",
              "curve.diverging", _build(lambda: VAE(kl_sign=-1.0), digit_pixels),
              max_epochs=4, trainer_kwargs={**_FIT, "limit_train_batches": 32},  # -5e4 at the end
-             fixed=_build(VAE, digit_pixels),
-             known_miss="issue 41: a loss that falls without bound is read as "
-                        "`curve.healthy` (`grad.exploding` fires)"),
+             fixed=_build(VAE, digit_pixels)),
     # A router that receives no gradient: its probabilities detached, the experts are picked but
     # the router never learns ("Zero grad of w_gate": davidmrau/mixture-of-experts#27; the
     # router's gradient path: lucidrains/mixture-of-experts#7).
