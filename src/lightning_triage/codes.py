@@ -212,6 +212,26 @@ _SPECS: tuple[CodeSpec, ...] = (
           "(`self.parameters()`, not one submodule's), or add the missing ones to a param group.",
           when="Parameters receive gradients but are in no param group of `trainer.optimizers`.",
           remedy="add_params"),
+    _spec("wiring.unregistered_params", "error",
+          "Tensors train the loss but are not parameters of the module",
+          "Keep layers in `nn.ModuleList` / `nn.ModuleDict` (or `nn.Sequential`), not a plain "
+          "`list`, `dict` or `tuple`, and weights as `nn.Parameter` attributes (or in "
+          "`nn.ParameterList` / `nn.ParameterDict`): then `parameters()`, the optimizer, "
+          "`.to(device)` and `state_dict()` see them.",
+          when="Leaf tensors of the first batch's loss graph that require grad are neither "
+               "parameters nor buffers of the LightningModule, and are kept in its attributes "
+               "(named by attribute path) or are `nn.Parameter` objects; a warning when every "
+               "optimizer holds them (they train but are not saved)."),
+    _spec("wiring.frozen_at_init", "warning", "A frozen part still holds its random initialization",
+          "Load the pretrained weights before freezing (check the `load_state_dict` keys and "
+          "its `missing_keys`), or unfreeze the part: remove the leftover `requires_grad_(False)` "
+          "/ `freeze()`, and with an adapter library declare the new head trainable (peft: "
+          "`task_type=` or `modules_to_save=[...]`).",
+          when="At the first backward, frozen (`requires_grad=False`, in no optimizer) weights of "
+               "`Linear`, `Conv*`, `Embedding` or recurrent layers are statistically what the "
+               "layer's `reset_parameters` draws (uniform within the bound `1/sqrt(fan_in)` with "
+               "uniform moments; `Embedding`: N(0, 1)) and no trainable tensor holds the same "
+               "values (an EMA or target copy)."),
     _spec("wiring.grads_not_zeroed", "error", "Gradients are not zeroed between optimizer steps",
           "Call `optimizer.zero_grad()` once per step (manual optimization: after `opt.step()`; "
           "an `optimizer_zero_grad` override must still zero). To accumulate on purpose, set "

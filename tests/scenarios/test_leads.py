@@ -31,6 +31,9 @@ EXPECTED_LEAD = {
     "batch-softmax": "structure.batch_mixing",
     "mse-broadcast": "structure.shape_mismatch",
     "deep-sigmoid": "grad.vanishing",
+    "layers-in-plain-list": "wiring.unregistered_params",
+    "frozen-random-body": "wiring.frozen_at_init",
+    "frozen-random-head": "wiring.frozen_at_init",
 }
 
 

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_triage.demo.broken.common import HEALTHY, Loaders, fit, mlp
+from lightning_triage.demo.broken.parts import PART_RUNS
 from lightning_triage.demo.digits import DigitsMLP, load_digits_tensors
 from lightning_triage.demo.scenario import Scenario
 from lightning_triage.demo.wiring import DetachedEncoderMLP
@@ -187,4 +188,5 @@ WIRING_RUNS: list[Scenario] = [
     # issue 14's causes: the report leads with them and the probe's failure names them
     Scenario("lr-0", "the digits MLP with SGD at lr 0", "wiring.optimizer_not_stepping",
              fit(mlp(0.0)), fixed=HEALTHY, lead=True),
+    *PART_RUNS,
 ]
