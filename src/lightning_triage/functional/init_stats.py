@@ -132,8 +132,9 @@ def module_at_init(module: nn.Module) -> bool | None:
         weight = getattr(module, "weight", None)
         if not isinstance(weight, Tensor) or weight.dim() < 2:
             return None
-        fan_in = weight[0].numel() if isinstance(module, nn.Bilinear) else \
-            nn.init._calculate_fan_in_and_fan_out(weight)[0]
+        # `reset_parameters`' fan-in: dimension 1 times the receptive field (Bilinear: in1)
+        fan_in = weight.size(1) if isinstance(module, nn.Bilinear) else \
+            weight.size(1) * math.prod(weight.shape[2:])
         if fan_in <= 0:
             return None
         bound = 1.0 / math.sqrt(fan_in)
