@@ -34,6 +34,7 @@ EXPECTED_LEAD = {
     "layers-in-plain-list": "wiring.unregistered_params",
     "frozen-random-body": "wiring.frozen_at_init",
     "frozen-random-head": "wiring.frozen_at_init",
+    "random-teacher": "wiring.frozen_at_init",
 }
 
 
