@@ -24,7 +24,7 @@ class ListLayersMLP(DigitsMLP):
     def __init__(self, registered: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         layers = [nn.Linear(64, 32), nn.Linear(32, 32)]
-        self.net = nn.Identity()
+        self.net = nn.Sequential()  # unused: the layers below replace it
         self.blocks: Any = nn.ModuleList(layers) if registered else layers
         self.head = nn.Linear(32, 10)
 
@@ -46,7 +46,7 @@ class DigitsCNN(DigitsMLP):
     def __init__(self, freeze_body: bool = False, pretrained_body: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.net = nn.Identity()
+        self.net = nn.Sequential()  # unused: the layers below replace it
         self.body = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(),
                                   nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
                                   nn.AdaptiveAvgPool2d(2), nn.Flatten())
@@ -85,7 +85,7 @@ class AdapterMLP(DigitsMLP):
 
     def __init__(self, train_head: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.net = nn.Identity()
+        self.net = nn.Sequential()  # unused: the layers below replace it
         self.body = DigitsCNN(pretrained_body=True).body
         self.adapter = nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 64))
         self.head = nn.Linear(64, 10)
