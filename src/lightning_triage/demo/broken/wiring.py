@@ -140,6 +140,9 @@ class FrozenBatchNormMLP(DigitsMLP):
         super().__init__(**kwargs)
         self.stem_eval = stem_eval
         self.stem = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64)).requires_grad_(False)
+        # the frozen stem stands for a pretrained one: weights other than its default draw (a
+        # stem frozen at its random init would be `wiring.frozen_at_init`, another bug)
+        nn.init.orthogonal_(cast(nn.Linear, self.stem[0]).weight)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(self.stem(x))
