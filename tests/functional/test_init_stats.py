@@ -33,6 +33,7 @@ def test_every_layer_at_its_draw_is_recognized_over_seeds() -> None:
 def test_half_precision_copies_are_recognized() -> None:
     torch.manual_seed(0)
     assert module_at_init(nn.Linear(64, 32).half()) is True
+    assert module_at_init(nn.Linear(256, 64).bfloat16()) is True
 
 
 def test_moved_or_rescaled_weights_are_not_the_draw() -> None:

@@ -44,6 +44,8 @@ from lightning_triage.functional.verdict import Verdict
 MAX_NODES = 200_000
 #: How deep :func:`locate_tensors` follows nested containers and modules kept in them.
 MAX_DEPTH = 4
+#: Values :func:`locate_tensors` looks at, at most (a module that keeps a data set in a list).
+MAX_VISITS = 100_000
 #: Paths listed in a finding, at most.
 MAX_LISTED = 20
 #: ``nn.Module`` attributes that hold what it registers (walked by ``named_modules`` already).
@@ -94,7 +96,8 @@ def locate_tensors(module: nn.Module, ids: set[int], max_depth: int = MAX_DEPTH)
 
     Walks the plain attributes of every registered submodule: ``list``/``tuple``/``dict`` values
     (nested up to ``max_depth``), the modules they hold (their parameters and buffers, and their
-    own plain attributes) and plain tensor attributes. Tensors not found are left out.
+    own plain attributes) and plain tensor attributes, :data:`MAX_VISITS` values at most.
+    Tensors not found are left out.
 
     Example:
         >>> import torch
@@ -106,10 +109,13 @@ def locate_tensors(module: nn.Module, ids: set[int], max_depth: int = MAX_DEPTH)
     """
     found: dict[int, str] = {}
     visited: set[int] = set()
+    budget = [MAX_VISITS]
 
     def visit(value: Any, path: str, depth: int) -> None:
-        if len(found) == len(ids) or depth > max_depth or id(value) in visited:
+        if len(found) == len(ids) or depth > max_depth or id(value) in visited \
+                or budget[0] <= 0:
             return
+        budget[0] -= 1
         if isinstance(value, Tensor):
             if id(value) in ids:
                 found.setdefault(id(value), path)
