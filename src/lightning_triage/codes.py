@@ -320,7 +320,8 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("structure.batch_mixing", "error", "Outputs mix examples of the batch",
           "An operation mixes the batch dimension in eval mode: a softmax/log_softmax or "
           "normalization over `dim=0`, a `view`/`reshape` that merges the batch with another "
-          "dimension, or batch and sequence dimensions swapped.",
+          "dimension, or batch and sequence dimensions swapped (an `nn.LSTM`/`nn.GRU`/`nn.RNN` "
+          "fed `(N, T, F)` needs `batch_first=True`).",
           when="In eval mode, an example's output depends on the inputs of other examples of the batch.",
           remedy="causal"),
     _spec("structure.causal_leak", "error", "Outputs see future positions",

@@ -356,8 +356,8 @@ __all__ = [
     "padding_unaligned",
     "padding_unfinished",
     "probe_skipped",
-    "time_major_rnn",
     "shape_mismatch",
     "target_leak",
+    "time_major_rnn",
     "where_sentence",
 ]
