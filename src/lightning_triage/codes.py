@@ -286,13 +286,18 @@ _SPECS: tuple[CodeSpec, ...] = (
                "non-finite or rising loss, a loss that never moved, or `max_steps` ran out with the loss "
                "not halved."),
     _spec("overfit.loss_on_probabilities", "error",
-          "The loss applies log-softmax to outputs that are already probabilities",
+          "The loss applies its own softmax or sigmoid to outputs that are already probabilities",
           "Cross-entropy gets probabilities (a softmax in the model, or in the loss code "
           "before `F.cross_entropy`) and applies its own softmax: the loss is bounded away "
           "from zero and its gradients are tiny. Pass logits to `F.cross_entropy` (remove the "
-          "extra softmax), or use `F.nll_loss(torch.log(p), y)` on probabilities.",
+          "extra softmax), or use `F.nll_loss(torch.log(p), y)` on probabilities. Likewise "
+          "`BCEWithLogitsLoss` / `binary_cross_entropy_with_logits` takes logits: remove the "
+          "`nn.Sigmoid` before it, or use `BCELoss` on probabilities.",
           when="The step-0 loss equals `F.cross_entropy` of probabilities: the model's outputs (in [0, 1], "
-               "summing to 1), or the softmax of its logits taken in the loss code (a double softmax)."),
+               "summing to 1), or the softmax of its logits taken in the loss code (a double softmax); "
+               "or it equals `binary_cross_entropy_with_logits` of probabilities (outputs in [0, 1], or "
+               "the sigmoid of the logits) and the overfit probe then stalls on that loss's floor "
+               "(binary and multilabel targets)."),
     _spec("overfit.passed", "info", "Overfit one small batch",
           "The model, loss and optimizer can learn; look at data and curves for the rest.",
           when="The probe's loss reached the target, or settled on a floor above it while every probed "

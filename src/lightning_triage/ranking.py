@@ -291,6 +291,9 @@ _NOT_ZEROED = frozenset({"wiring.grads_not_zeroed"})
 # (unregistered, in no optimizer) and parts frozen at their random initialization. The rest of
 # the model learns around them: a slow curve, a plateau, a probe that cannot memorize.
 _UNTRAINED_PARTS = frozenset({"wiring.unregistered_params", "wiring.frozen_at_init"})
+# ... and a loss fed probabilities (a sigmoid or softmax applied twice): it cannot fall below
+# its floor, so the curve is slow or flat whatever the learning rate.
+_CANNOT_LEARN = _UNTRAINED_PARTS | {"overfit.loss_on_probabilities"}
 # What makes one batch impossible (or slow) to memorize.
 _OVERFIT_CAUSES = frozenset({
     "data.nonfinite_input", "data.nonfinite_target", "data.unnormalized_input",
@@ -351,11 +354,11 @@ _EXPLANATION_ROWS: tuple[Explanation, ...] = (
     Explanation("curve.lr_too_high", _NOT_ZEROED),
     Explanation("curve.diverging", _NOT_ZEROED),
     Explanation("curve.lr_too_low",
-                _UPDATE_CAUSES | _SHRUNK_UPDATE | _MISALIGNED_LABELS | _UNTRAINED_PARTS),
+                _UPDATE_CAUSES | _SHRUNK_UPDATE | _MISALIGNED_LABELS | _CANNOT_LEARN),
     Explanation("grad.update_ratio", _SHRUNK_UPDATE | _UNTRAINED_PARTS,
                 symptom_if=_update_ratio_below),
-    Explanation("curve.not_learning", _SHRUNK_UPDATE | _MISALIGNED_LABELS | _UNTRAINED_PARTS),
-    Explanation("curve.plateau_at_chance", _MISALIGNED_LABELS | _UNTRAINED_PARTS),
+    Explanation("curve.not_learning", _SHRUNK_UPDATE | _MISALIGNED_LABELS | _CANNOT_LEARN),
+    Explanation("curve.plateau_at_chance", _MISALIGNED_LABELS | _CANNOT_LEARN),
     # then each symptom's own causes
     Explanation("overfit.failed", _OVERFIT_CAUSES, layered_numerics=True),
     Explanation("overfit.inconclusive", _OVERFIT_CAUSES, layered_numerics=True),
@@ -466,6 +469,8 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
       ``grad.update_ratio`` (below) by parts of the model that never train:
       ``wiring.unregistered_params`` (layers in a plain list) and ``wiring.frozen_at_init``
       (a part frozen at its random initialization); both also explain ``overfit.failed``.
+      ``overfit.loss_on_probabilities`` (a loss fed probabilities cannot fall below its floor)
+      explains those curve findings too.
     - ``curve.loss_spike``, ``grad.exploding``, ``grad.spike``: explained by a blow-up (a
       localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
       same step or at most :data:`SPIKE_WINDOW` steps later.

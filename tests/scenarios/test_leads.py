@@ -35,6 +35,7 @@ EXPECTED_LEAD = {
     "frozen-random-body": "wiring.frozen_at_init",
     "frozen-random-head": "wiring.frozen_at_init",
     "random-teacher": "wiring.frozen_at_init",
+    "sigmoid-before-bce-with-logits": "overfit.loss_on_probabilities",
 }
 
 
