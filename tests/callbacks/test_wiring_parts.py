@@ -122,11 +122,11 @@ class FrozenEmbedding(DigitsMLP):
 
     def __init__(self, trained: bool = False) -> None:
         super().__init__()
-        self.embed = nn.Embedding(17, 8, padding_idx=0).requires_grad_(False)
+        self.embed = nn.Embedding(17, 256, padding_idx=0).requires_grad_(False)
         if trained:
             with torch.no_grad():
                 self.embed.weight.mul_(0.05)
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64 * 8, 10))
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64 * 256, 10))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(self.embed(x.clamp(-2, 2).add(2).mul(4).long()))

@@ -18,7 +18,7 @@ from lightning_triage.functional.init_stats import (
 def layers() -> list[nn.Module]:
     return [nn.Linear(64, 32), nn.Linear(8, 16), nn.Linear(512, 10), nn.Conv2d(1, 8, 3),
             nn.Conv2d(16, 32, 3), nn.Conv1d(4, 8, 5), nn.ConvTranspose2d(8, 4, 3),
-            nn.Embedding(100, 16), nn.Embedding(10, 8, padding_idx=0), nn.LSTM(8, 16),
+            nn.Embedding(300, 16), nn.Embedding(65, 64, padding_idx=0), nn.LSTM(8, 16),
             nn.GRU(4, 8, batch_first=True), nn.Bilinear(8, 8, 4)]
 
 
@@ -44,9 +44,9 @@ def test_moved_or_rescaled_weights_are_not_the_draw() -> None:
         with torch.no_grad():
             change(layer.weight)
         assert module_at_init(layer) is False
-    embedding = nn.Embedding(100, 16)
+    embedding = nn.Embedding(300, 16)
     with torch.no_grad():
-        embedding.weight.mul_(0.1)
+        embedding.weight.mul_(0.8)
     assert module_at_init(embedding) is False
 
 
@@ -56,6 +56,7 @@ def test_what_cannot_be_judged_is_none() -> None:
     assert module_at_init(nn.LazyLinear(4)) is None
     assert uniform_at_init(torch.zeros(10), 0.1) is None
     assert normal_at_init(torch.zeros(10)) is None
+    assert module_at_init(nn.Embedding(2, 32)) is None  # a small table: too loose to judge
 
 
 def test_frozen_layers_with_a_trainable_copy_are_left_out() -> None:

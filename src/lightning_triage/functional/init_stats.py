@@ -39,6 +39,9 @@ from lightning_triage.functional.verdict import Verdict
 
 #: Values a tensor needs before its moments say anything.
 MIN_VALUES = 64
+#: Values an ``Embedding`` table needs: its N(0, 1) draw is told from a trained table by its
+#: moments only (no bound), which small tables leave loose.
+MIN_NORMAL_VALUES = 4096
 #: How many standard errors a moment may be off and still count as the initial draw.
 Z = 6.0
 #: Relative slack on a uniform bound (a bfloat16 copy rounds it by up to 2**-8).
@@ -78,15 +81,15 @@ def uniform_at_init(t: Tensor, bound: float) -> bool | None:
 
 def normal_at_init(t: Tensor, std: float = 1.0) -> bool | None:
     """Whether ``t`` is statistically a draw of N(0, ``std``²): mean, second and fourth moments
-    within :data:`Z` standard errors (``None``: fewer than :data:`MIN_VALUES` values).
+    within :data:`Z` standard errors (``None``: fewer than :data:`MIN_NORMAL_VALUES` values).
 
     Example:
         >>> _ = torch.manual_seed(0)
-        >>> normal_at_init(torch.randn(2000)), normal_at_init(torch.randn(2000) * 0.02)
+        >>> normal_at_init(torch.randn(5000)), normal_at_init(torch.randn(5000) * 0.8)
         (True, False)
     """
     n = t.numel()
-    if n < MIN_VALUES:
+    if n < MIN_NORMAL_VALUES:
         return None
     x = t.detach().float().flatten() / std
     if not bool(torch.isfinite(x).all()):
@@ -106,8 +109,8 @@ def module_at_init(module: nn.Module) -> bool | None:
     """Whether ``module``'s own weights are what its ``reset_parameters`` draws: ``Linear``,
     ``Bilinear``, ``Conv*`` (weight uniform within ``1/sqrt(fan_in)``, bias within it too),
     recurrent layers (every tensor uniform within ``1/sqrt(hidden_size)``), ``Embedding``
-    (N(0, 1), the padding row left out). ``None``: another kind of layer, lazy or meta
-    parameters, or too few values to judge.
+    (N(0, 1), the padding row left out, at least :data:`MIN_NORMAL_VALUES` values). ``None``:
+    another kind of layer, lazy or meta parameters, or too few values to judge.
 
     Example:
         >>> module_at_init(nn.ReLU()) is None, module_at_init(nn.Linear(2, 2)) is None
@@ -218,5 +221,5 @@ def frozen_at_init_verdict(step: int | None, modules: Sequence[tuple[str, str, i
                   "frozen_numel": frozen_numel, "total_numel": total_numel})
 
 
-__all__ = ["MIN_VALUES", "frozen_at_init_verdict", "frozen_layers_at_init", "module_at_init",
+__all__ = ["MIN_NORMAL_VALUES", "MIN_VALUES", "frozen_at_init_verdict", "frozen_layers_at_init", "module_at_init",
            "normal_at_init", "uniform_at_init"]
