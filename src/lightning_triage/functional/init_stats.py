@@ -221,5 +221,5 @@ def frozen_at_init_verdict(step: int | None, modules: Sequence[tuple[str, str, i
                   "frozen_numel": frozen_numel, "total_numel": total_numel})
 
 
-__all__ = ["MIN_NORMAL_VALUES", "MIN_VALUES", "frozen_at_init_verdict", "frozen_layers_at_init", "module_at_init",
-           "normal_at_init", "uniform_at_init"]
+__all__ = ["MIN_NORMAL_VALUES", "MIN_VALUES", "frozen_at_init_verdict", "frozen_layers_at_init",
+           "module_at_init", "normal_at_init", "uniform_at_init"]
