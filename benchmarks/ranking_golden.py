@@ -121,8 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     before = json.loads(RECORD.read_text())
     differ = [name for name in now
               if {k: v for k, v in now[name].items() if k != "raw"}
-              != {k: v for k, v in before[name].items() if k != "raw"}]
+              != {k: v for k, v in before.get(name, {}).items() if k != "raw"}]
     for name in differ:
+        if name not in before:  # a scenario added since the record
+            print(f"NEW {name}: {now[name]['findings']} -> {now[name]['start_here']}")
+            continue
         print(f"DIFFERS {name}:\n  before {before[name]['findings']} -> {before[name]['start_here']}"
               f"\n  after  {now[name]['findings']} -> {now[name]['start_here']}")
     print(f"{len(now) - len(differ)} of {len(now)} scenarios identical")

@@ -240,6 +240,26 @@ _SPECS: tuple[CodeSpec, ...] = (
           "(`self.parameters()`, not one submodule's), or add the missing ones to a param group.",
           when="Parameters receive gradients but are in no param group of `trainer.optimizers`.",
           remedy="add_params"),
+    _spec("wiring.unregistered_params", "error",
+          "Tensors train the loss but are not parameters of the module",
+          "Keep layers in `nn.ModuleList` / `nn.ModuleDict` (or `nn.Sequential`), not a plain "
+          "`list`, `dict` or `tuple`, and weights as `nn.Parameter` attributes (or in "
+          "`nn.ParameterList` / `nn.ParameterDict`): then `parameters()`, the optimizer, "
+          "`.to(device)` and `state_dict()` see them.",
+          when="Leaf tensors of the first batch's loss graph that require grad are neither "
+               "parameters nor buffers of the LightningModule, and are kept in its attributes "
+               "(named by attribute path) or are `nn.Parameter` objects; a warning when every "
+               "optimizer holds them (they train but are not saved)."),
+    _spec("wiring.frozen_at_init", "warning", "A frozen part still holds its random initialization",
+          "Load the pretrained weights before freezing (check the `load_state_dict` keys and "
+          "its `missing_keys`), or unfreeze the part: remove the leftover `requires_grad_(False)` "
+          "/ `freeze()`, and with an adapter library declare the new head trainable (peft: "
+          "`task_type=` or `modules_to_save=[...]`).",
+          when="At the first backward, frozen (`requires_grad=False`, in no optimizer) weights of "
+               "`Linear`, `Conv*`, `Embedding` or recurrent layers are statistically what the "
+               "layer's `reset_parameters` draws (uniform within the bound `1/sqrt(fan_in)` with "
+               "uniform moments; `Embedding`: N(0, 1)) and no trainable tensor holds the same "
+               "values (an EMA or target copy)."),
     _spec("wiring.grads_not_zeroed", "error", "Gradients are not zeroed between optimizer steps",
           "Call `optimizer.zero_grad()` once per step (manual optimization: after `opt.step()`; "
           "an `optimizer_zero_grad` override must still zero). To accumulate on purpose, set "
@@ -311,13 +331,18 @@ _SPECS: tuple[CodeSpec, ...] = (
                "non-finite or rising loss, a loss that never moved, or `max_steps` ran out with the loss "
                "not halved."),
     _spec("overfit.loss_on_probabilities", "error",
-          "The loss applies log-softmax to outputs that are already probabilities",
+          "The loss applies its own softmax or sigmoid to outputs that are already probabilities",
           "Cross-entropy gets probabilities (a softmax in the model, or in the loss code "
           "before `F.cross_entropy`) and applies its own softmax: the loss is bounded away "
           "from zero and its gradients are tiny. Pass logits to `F.cross_entropy` (remove the "
-          "extra softmax), or use `F.nll_loss(torch.log(p), y)` on probabilities.",
+          "extra softmax), or use `F.nll_loss(torch.log(p), y)` on probabilities. Likewise "
+          "`BCEWithLogitsLoss` / `binary_cross_entropy_with_logits` takes logits: remove the "
+          "`nn.Sigmoid` before it, or use `BCELoss` on probabilities.",
           when="The step-0 loss equals `F.cross_entropy` of probabilities: the model's outputs (in [0, 1], "
-               "summing to 1), or the softmax of its logits taken in the loss code (a double softmax)."),
+               "summing to 1), or the softmax of its logits taken in the loss code (a double softmax); "
+               "or it equals `binary_cross_entropy_with_logits` of probabilities (outputs in [0, 1], or "
+               "the sigmoid of the logits) and the overfit probe then stalls on that loss's floor "
+               "(binary and multilabel targets)."),
     _spec("overfit.passed", "info", "Overfit one small batch",
           "The model, loss and optimizer can learn; look at data and curves for the rest.",
           when="The probe's loss reached the target, or settled on a floor above it while every probed "
@@ -345,7 +370,8 @@ _SPECS: tuple[CodeSpec, ...] = (
     _spec("structure.batch_mixing", "error", "Outputs mix examples of the batch",
           "An operation mixes the batch dimension in eval mode: a softmax/log_softmax or "
           "normalization over `dim=0`, a `view`/`reshape` that merges the batch with another "
-          "dimension, or batch and sequence dimensions swapped.",
+          "dimension, or batch and sequence dimensions swapped (an `nn.LSTM`/`nn.GRU`/`nn.RNN` "
+          "fed `(N, T, F)` needs `batch_first=True`).",
           when="In eval mode, an example's output depends on the inputs of other examples of the batch.",
           remedy="causal"),
     _spec("structure.causal_leak", "error", "Outputs see future positions",

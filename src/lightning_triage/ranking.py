@@ -293,6 +293,13 @@ _UPDATE_CAUSES = frozenset({
     "wiring.params_changed_outside_step",
 })
 _NOT_ZEROED = frozenset({"wiring.grads_not_zeroed"})
+# Parts of the model that never train though the run looks wired: layers in a plain list
+# (unregistered, in no optimizer) and parts frozen at their random initialization. The rest of
+# the model learns around them: a slow curve, a plateau, a probe that cannot memorize.
+_UNTRAINED_PARTS = frozenset({"wiring.unregistered_params", "wiring.frozen_at_init"})
+# ... and a loss fed probabilities (a sigmoid or softmax applied twice): it cannot fall below
+# its floor, so the curve is slow or flat whatever the learning rate.
+_CANNOT_LEARN = _UNTRAINED_PARTS | {"overfit.loss_on_probabilities"}
 # What makes one batch impossible (or slow) to memorize.
 _OVERFIT_CAUSES = frozenset({
     "data.nonfinite_input", "data.nonfinite_target", "data.unnormalized_input",
@@ -300,7 +307,7 @@ _OVERFIT_CAUSES = frozenset({
     "data.constant_input", "data.target_out_of_range",
     "init.loss_above_chance",
     "wiring.no_grad_params", "wiring.zero_grad_params", "wiring.loss_detached",
-    "wiring.params_not_in_optimizer", *_UPDATE_CAUSES,
+    "wiring.params_not_in_optimizer", *_UPDATE_CAUSES, *_UNTRAINED_PARTS,
     "overfit.loss_on_probabilities",
     "structure.batch_mixing", "structure.shape_mismatch",
     "curve.lr_too_low", "curve.lr_too_high", "curve.diverging",
@@ -311,7 +318,7 @@ _OVERFIT_CAUSES = frozenset({
 _NOT_LEARNING_CAUSES = frozenset({
     "data.constant_input", "data.tiny_input_scale", "data.nonfinite_input", "data.nonfinite_target",
     "wiring.no_grad_params", "wiring.zero_grad_params", "wiring.loss_detached",
-    "wiring.params_not_in_optimizer", *_UPDATE_CAUSES,
+    "wiring.params_not_in_optimizer", *_UPDATE_CAUSES, *_UNTRAINED_PARTS,
     "grad.vanishing", "grad.update_ratio",
     "numerics.nonfinite_loss", "numerics.precision_overflow",
 })
@@ -354,10 +361,12 @@ _EXPLANATION_ROWS: tuple[Explanation, ...] = (
     Explanation("curve.loss_spike", _NOT_ZEROED),
     Explanation("curve.lr_too_high", _NOT_ZEROED),
     Explanation("curve.diverging", _NOT_ZEROED),
-    Explanation("curve.lr_too_low", _UPDATE_CAUSES | _SHRUNK_UPDATE | _MISALIGNED_LABELS),
-    Explanation("grad.update_ratio", _SHRUNK_UPDATE, symptom_if=_update_ratio_below),
-    Explanation("curve.not_learning", _SHRUNK_UPDATE | _MISALIGNED_LABELS),
-    Explanation("curve.plateau_at_chance", _MISALIGNED_LABELS),
+    Explanation("curve.lr_too_low",
+                _UPDATE_CAUSES | _SHRUNK_UPDATE | _MISALIGNED_LABELS | _CANNOT_LEARN),
+    Explanation("grad.update_ratio", _SHRUNK_UPDATE | _UNTRAINED_PARTS,
+                symptom_if=_update_ratio_below),
+    Explanation("curve.not_learning", _SHRUNK_UPDATE | _MISALIGNED_LABELS | _CANNOT_LEARN),
+    Explanation("curve.plateau_at_chance", _MISALIGNED_LABELS | _CANNOT_LEARN),
     # then each symptom's own causes
     Explanation("overfit.failed", _OVERFIT_CAUSES, layered_numerics=True),
     Explanation("overfit.inconclusive", _OVERFIT_CAUSES, layered_numerics=True),
@@ -476,7 +485,12 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
       ``grad.clipping_eats_update`` (the update shrinks with the clipped gradient) and by
       ``wiring.frozen_late`` (parameters frozen after the first steps stop moving);
       ``curve.lr_too_low``, ``curve.not_learning``, ``curve.plateau_at_chance``: explained by
-      ``structure.label_misaligned`` (the model learns another task).
+      ``structure.label_misaligned`` (the model learns another task), and with
+      ``grad.update_ratio`` (below) by parts of the model that never train:
+      ``wiring.unregistered_params`` (layers in a plain list) and ``wiring.frozen_at_init``
+      (a part frozen at its random initialization); both also explain ``overfit.failed``.
+      ``overfit.loss_on_probabilities`` (a loss fed probabilities cannot fall below its floor)
+      explains those curve findings too.
     - ``curve.loss_spike``, ``grad.exploding``, ``grad.spike``: explained by a blow-up (a
       localized numerics finding, ``numerics.nonfinite_loss``, ``curve.diverging``) at the
       same step or at most :data:`SPIKE_WINDOW` steps later.

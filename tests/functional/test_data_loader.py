@@ -63,6 +63,10 @@ def test_loader_spec_none_without_a_promised_size() -> None:
     ({"x": torch.zeros(32, 3), "mask": torch.zeros(5)}, None),  # one full entry is enough
     ({"input_ids": torch.zeros(32, 7, dtype=torch.long)}, None),  # (B, T), T < B
     (torch.zeros(7, 32), None),  # time-major (T, B)
+    ((torch.zeros(7, 32, 3), torch.zeros(7, 32), torch.zeros(7, 7)), None),  # with a (T, T) mask
+    # a collate that folded the batch into one sample: the tokens contradict "time-major"
+    ({"image": torch.zeros(1, 32, 64), "tokens": torch.zeros(1, 256), "label": torch.zeros(1, 32)},
+     1),
     ({"input_ids": torch.zeros(1, 900), "position_ids": torch.zeros(1, 900)}, None),  # packed
     (["a", "b"], None),  # no tensors
     ((torch.zeros(16, 3), torch.zeros(16)), 16),

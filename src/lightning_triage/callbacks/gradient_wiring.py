@@ -16,7 +16,13 @@ from lightning_triage.callbacks._args import check_bool
 from lightning_triage.callbacks._shared import sharded_strategy
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.adapters import zero_partners
+from lightning_triage.functional.init_stats import frozen_at_init_verdict, frozen_layers_at_init
 from lightning_triage.functional.tensors import any_nonzero
+from lightning_triage.functional.unregistered import (
+    graph_leaves,
+    locate_tensors,
+    unregistered_verdict,
+)
 from lightning_triage.functional.wiring import WiringResult, analyze_wiring, group_by_module
 from lightning_triage.functional.wiring_verdicts import (
     detached_loss_verdict,
@@ -49,13 +55,25 @@ class GradientWiringCheck(TriageCallback):
         :data:`CONFIRM_STEPS` optimizer steps and reports only the parameters whose gradient
         stayed zero once the partner could move), ``wiring.params_not_in_optimizer``
         (gradients but in no optimizer param group), ``wiring.frozen_params`` (info:
-        ``requires_grad=False``, counted per module). Parameters are named by module: a
-        module whose parameters are all affected is
-        named once.
+        ``requires_grad=False``, counted per module), ``wiring.unregistered_params`` (leaf
+        tensors of the first batch's loss graph, read from its ``AccumulateGrad`` nodes, that
+        are neither parameters nor buffers of the module: a layer kept in a plain
+        ``list``/``dict``/``tuple``, named by its attribute path, or an ``nn.Parameter`` kept
+        outside the module; an error when no optimizer holds them, a warning when one does),
+        ``wiring.frozen_at_init`` (frozen ``Linear``/``Conv*``/``Embedding``/recurrent layers
+        whose weights are statistically still the draw of their ``reset_parameters``, read at
+        the first backward, before any optimizer step; a frozen layer with a trainable copy of
+        the same values, an EMA teacher or a target network, is left out).
+        Parameters are named by module: a module whose parameters are all affected is named
+        once.
 
     Args:
         check_optimizer: report ``wiring.params_not_in_optimizer``.
         report_frozen: report frozen parameters (info).
+        check_unregistered: report tensors that get gradients from the loss but are not the
+            module's parameters (``wiring.unregistered_params``).
+        check_frozen_init: report frozen layers still at their random initialization
+            (``wiring.frozen_at_init``; turn it off for frozen random features on purpose).
         strict: raise internal errors instead of disabling the check.
 
     Example:
@@ -71,15 +89,25 @@ class GradientWiringCheck(TriageCallback):
 
     stage: ClassVar[str] = "wiring"
     codes: ClassVar[tuple[str, ...]] = ("wiring.no_grad_params", "wiring.zero_grad_params",
-        "wiring.frozen_params", "wiring.loss_detached", "wiring.params_not_in_optimizer")
+        "wiring.frozen_params", "wiring.loss_detached", "wiring.params_not_in_optimizer",
+        "wiring.unregistered_params", "wiring.frozen_at_init")
 
     def __init__(self, *, check_optimizer: bool = True, report_frozen: bool = True,
+                 check_unregistered: bool = True, check_frozen_init: bool = True,
                  strict: bool = False) -> None:
         super().__init__(strict=strict)
         check_bool("check_optimizer", check_optimizer)
         check_bool("report_frozen", report_frozen)
+        check_bool("check_unregistered", check_unregistered)
+        check_bool("check_frozen_init", check_frozen_init)
+        self.check_frozen_init = check_frozen_init
+        #: frozen layers still at their initialization, read at the first backward
+        self._at_init: list[tuple[str, str, int]] = []
         self.check_optimizer = check_optimizer
         self.report_frozen = report_frozen
+        self.check_unregistered = check_unregistered
+        #: leaf tensors of the first batch's loss graphs that the module does not own, by id
+        self._stray: dict[int, Tensor] = {}
         self.result: WiringResult | None = None
         self._done = False
         self._armed = False
@@ -114,6 +142,11 @@ class GradientWiringCheck(TriageCallback):
         self._backwards += 1
         if isinstance(loss, Tensor) and not loss.requires_grad:
             self._report_detached(trainer, loss)
+        elif isinstance(loss, Tensor) and self.check_unregistered:
+            owned = {id(t) for t in (*pl_module.parameters(), *pl_module.buffers())}
+            for leaf in graph_leaves(loss):
+                if id(leaf) not in owned:
+                    self._stray.setdefault(id(leaf), leaf)
 
     @override
     @guarded
@@ -154,6 +187,10 @@ class GradientWiringCheck(TriageCallback):
                     self._valued[name] = flag
             else:
                 self._frozen[name] = p.numel()
+        if self._frozen and self.check_frozen_init:
+            trainable_ids = {id(p) for p in pl_module.parameters() if p.requires_grad
+                             or id(p) in held}
+            self._at_init = frozen_layers_at_init(pl_module, trainable_ids)
 
     def _hook_new(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Hook the trainable parameters not hooked yet that require grad now (a parameter
@@ -204,6 +241,12 @@ class GradientWiringCheck(TriageCallback):
             if not held:  # e.g. a strategy that flattens parameters: names cannot be matched
                 held = None
         result = analyze_wiring(self._trainable, self._frozen, self._received, nonzero, held)
+        self._report_unregistered(trainer, pl_module)
+        if self._at_init:
+            self.add_verdict(trainer, frozen_at_init_verdict(
+                self._step, self._at_init, sum(self._frozen.values()),
+                sum(self._frozen.values()) + sum(self._trainable.values())))
+            self._at_init = []
         deferred, partner_outside = self._partners(pl_module, result, nonzero, held)
         if deferred or partner_outside:
             keep = {n for g in result.zero_grad for n in g.params} - set(deferred) \
@@ -225,6 +268,24 @@ class GradientWiringCheck(TriageCallback):
         self._finish(detail)
         if deferred:
             self._defer(trainer, pl_module, deferred)
+
+    def _report_unregistered(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``wiring.unregistered_params``: leaves of the loss's graph the module does not own,
+        kept in its attributes (a layer in a plain list) or ``nn.Parameter`` objects."""
+        stray, self._stray = self._stray, {}
+        if not stray:
+            return
+        paths = locate_tensors(pl_module, set(stray))
+        unlocated = [t for i, t in stray.items()
+                     if i not in paths and isinstance(t, torch.nn.Parameter)]
+        if not paths and not unlocated:  # inputs that require grad (a gradient penalty ...)
+            return
+        held = {id(p) for opt in trainer.optimizers for g in opt.param_groups
+                for p in g["params"]}
+        chosen = [*(stray[i] for i in paths), *unlocated]
+        self.add_verdict(trainer, unregistered_verdict(
+            self._step, sorted(paths.values()), len(unlocated),
+            sum(t.numel() for t in chosen), all(id(t) in held for t in chosen)))
 
     # ------------------------------------------------------------------ zero-initialized partners
     def _partners(self, pl_module: pl.LightningModule, result: WiringResult, nonzero: set[str],
@@ -293,6 +354,8 @@ class GradientWiringCheck(TriageCallback):
         self._armed = False
         self.remove_handles()
         self._nonzero.clear()
+        self._stray = {}
+        self._at_init = []
         self.mark_ran(detail)
 
     @override

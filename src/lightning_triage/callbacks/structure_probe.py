@@ -561,8 +561,14 @@ class StructureProbe(ProbeCallback):
             return
         self.results["batch_mixing"] = "ok"
         for label, out_name, out in outputs:
-            mix = example_dependence(out, leaf, example=0, tolerance=self.tolerance,
-                                     retain_graph=True)  # freed with the probe's references
+            # the first example, then the last: a recurrent layer that reads the batch axis as
+            # time (no `batch_first=True`) leaves example 0 alone and feeds every earlier
+            # example into the last one
+            for example in (0, int(leaf.shape[0]) - 1):
+                mix = example_dependence(out, leaf, example=example, tolerance=self.tolerance,
+                                         retain_graph=True)  # freed with the probe's references
+                if mix.mixing:
+                    break
             if not mix.mixing:
                 continue
             if pairwise_output(out, leaf, column=mix.worst_example or 1, tolerance=self.tolerance,
@@ -572,8 +578,11 @@ class StructureProbe(ProbeCallback):
                 return
             self.results["batch_mixing"] = "mixing"
 
-            def mixes(t: Tensor) -> bool:
-                dep = example_dependence(t, leaf, tolerance=self.tolerance, retain_graph=True)
+            def mixes(t: Tensor, example: int = mix.example) -> bool:
+                if t.dim() < 1 or t.shape[0] <= example:
+                    return False
+                dep = example_dependence(t, leaf, example=example, tolerance=self.tolerance,
+                                         retain_graph=True)
                 return dep.mixing and not pairwise_output(t, leaf, column=dep.worst_example or 1,
                                                           tolerance=self.tolerance, retain_graph=True)
 
@@ -582,7 +591,8 @@ class StructureProbe(ProbeCallback):
                                          type(pl_module).__name__)
             self.add_verdict(trainer, rules.batch_mixing(
                 label, self._layer(first) or self._layer(out_name), first, where, mix,
-                run.probe_input, int(leaf.shape[0])))
+                run.probe_input, int(leaf.shape[0]),
+                time_major=rules.time_major_rnn(pl_module, first)))
             return
 
     def _coupled(self, trainer: pl.Trainer, pl_module: pl.LightningModule, run: _GradientRun,

@@ -59,6 +59,11 @@ class ProbeRun:
     all_right: bool | None = None
     #: the floor comes from a softmax in the loss code (the model returns logits)
     softmax_in_loss: bool = False
+    #: the floor of `binary_cross_entropy_with_logits` fed probabilities, when its step-0 loss
+    #: matches that reading (confirmed only by a probe that stalls on it), and where the
+    #: sigmoid is ("model" or "loss")
+    bce_floor: float | None = None
+    bce_in: str = ""
     detached: bool = False
     stopped: str = ""
     #: `training_step` calls the probe made (on the copy, or in place)
@@ -172,6 +177,39 @@ def _objective_reference(run: ProbeRun, start: float, objective: Objective,
     return True
 
 
+def bce_on_probabilities(output: Tensor, targets: Tensor, loss: float) -> tuple[float, str] | None:
+    """Whether ``loss`` is ``binary_cross_entropy_with_logits`` of probabilities: of ``output``
+    itself, all in ``[0, 1]`` (``"model"``: a sigmoid ends the model), or of its sigmoid, the
+    loss clearly off the logits reading (``"loss"``: a sigmoid in the loss code). Returns the
+    lowest loss reachable then (``ln 2`` for a 0 target, ``ln(1 + 1/e)`` for a 1 target,
+    averaged over the targets) and where the sigmoid is; ``None`` otherwise.
+
+    Example:
+        >>> y = torch.tensor([1.0, 0.0, 1.0, 1.0])
+        >>> p = torch.sigmoid(torch.randn(4))
+        >>> floor, where = bce_on_probabilities(p, y, float(F.binary_cross_entropy_with_logits(p, y)))
+        >>> round(floor, 3), where
+        (0.408, 'model')
+    """
+    try:
+        z = output.detach().double().reshape(targets.shape)
+        y = targets.detach().double()
+        as_logits = float(F.binary_cross_entropy_with_logits(z, y))
+        as_probs = float(F.binary_cross_entropy_with_logits(torch.sigmoid(z), y))
+    except (RuntimeError, ValueError):
+        return None
+    if not (math.isfinite(loss) and math.isfinite(as_logits) and math.isfinite(as_probs)):
+        return None
+    scale = max(1.0, abs(loss))
+    positive = float(y.mean())
+    floor = (1 - positive) * math.log(2) + positive * math.log1p(math.exp(-1))
+    if float(z.min()) >= 0 and float(z.max()) <= 1 and abs(as_logits - loss) <= 1e-3 * scale:
+        return floor, "model"
+    if abs(as_probs - loss) <= 1e-4 * scale and abs(as_logits - loss) > 2e-3 * scale:
+        return floor, "loss"
+    return None
+
+
 def _shape_reference(run: ProbeRun, start: float, targets: Tensor | None,
                      output: Tensor | None, *, task: str, num_classes: int | None,
                      tolerance: float) -> None:
@@ -220,9 +258,12 @@ def set_reference(run: ProbeRun, start: float, targets: Tensor | None, output: T
         run, start, objective, tolerance)
     if known:
         term = objective.term if objective is not None else None
-        if term is None or term.kind not in ("multiclass", "sequence", "masked_lm"):
-            return  # the probability floor below reads class scores against class indices
-        task = "multiclass" if term.kind == "multiclass" else "sequence"
+        if term is not None and term.kind in ("binary", "multilabel"):
+            task = "binary"
+        elif term is None or term.kind not in ("multiclass", "sequence", "masked_lm"):
+            return  # the probability floors below read scores against hard targets
+        else:
+            task = "multiclass" if term.kind == "multiclass" else "sequence"
     else:
         _shape_reference(run, start, targets, output, task=task, num_classes=num_classes,
                          tolerance=tolerance)
@@ -236,6 +277,11 @@ def set_reference(run: ProbeRun, start: float, targets: Tensor | None, output: T
         elif floor is None and softmax_in_loss(output, targets, class_dim, start):
             run.floor = math.log(math.e + int(output.shape[class_dim]) - 1) - 1
             run.softmax_in_loss = True
+    if output is not None and targets is not None and task == "binary" \
+            and targets.is_floating_point():
+        found = bce_on_probabilities(output, targets, start)
+        if found is not None:
+            run.bce_floor, run.bce_in = found
 
 
 def skipped_verdict(why: str) -> Verdict:
@@ -259,6 +305,13 @@ def _numeric_causes(run: ProbeRun, verdict: OverfitVerdict) -> list[str]:
             f"loss bounded away from zero: {where}, which applies its own softmax and cannot "
             f"go below {run.floor:.3f}; pass logits to `F.cross_entropy` (or use "
             "`F.nll_loss(torch.log(p), y)`; see `overfit.loss_on_probabilities`)")
+    if run.bce_floor is not None and verdict.verdict != "passed" \
+            and verdict.best >= 0.9 * run.bce_floor:
+        causes.append(
+            "loss bounded away from zero: `binary_cross_entropy_with_logits` gets "
+            f"probabilities and cannot go below {run.bce_floor:.3f}; drop the sigmoid before "
+            "it (or use `binary_cross_entropy` on probabilities; see "
+            "`overfit.loss_on_probabilities`)")
     return causes
 
 
@@ -502,6 +555,19 @@ def conclude_probe(run: ProbeRun, *, tolerance: float, max_steps: int, min_steps
             "are squashed too.",
             evidence={"floor": run.floor, "best": verdict.best, "start": verdict.start,
                       "softmax_in": "loss" if run.softmax_in_loss else "model"}))
+    if run.bce_floor is not None and verdict.verdict != "passed" \
+            and verdict.best >= 0.9 * run.bce_floor:  # the probe stalled on that floor
+        where = ("a sigmoid in the loss code turns the model's logits into probabilities"
+                 if run.bce_in == "loss" else
+                 "the model's outputs are already probabilities (all in [0, 1])")
+        floor.append(Verdict(
+            "overfit.loss_on_probabilities", 0,
+            f"The step-0 loss ({verdict.start:.6g}) equals "
+            f"`binary_cross_entropy_with_logits` of probabilities: {where}, and the loss "
+            f"applies its own sigmoid, so it cannot go below {run.bce_floor:.3f} (the probe's "
+            f"best: {verdict.best:.4g}); its gradients are squashed too.",
+            evidence={"floor": run.bce_floor, "best": verdict.best, "start": verdict.start,
+                      "sigmoid_in": run.bce_in, "loss": "binary_cross_entropy_with_logits"}))
     out = _judged(run, verdict, evidence, cost=cost, opt_text=opt_text, target_text=target_text)
     return ProbeConclusion(out.ran, out.detail, floor + out.verdicts, verdict, curve)
 
@@ -510,6 +576,7 @@ __all__ = [
     "MAX_CURVE_POINTS",
     "ProbeConclusion",
     "ProbeRun",
+    "bce_on_probabilities",
     "conclude_probe",
     "matches_cross_entropy",
     "overfit_causes",

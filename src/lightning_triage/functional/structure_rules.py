@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_triage.functional.padding import PaddingLeak, PaddingMask
 from lightning_triage.functional.structure import (
@@ -130,21 +130,56 @@ def where_sentence(first: str | None, what: str, after_model: bool, root: str) -
     return ""
 
 
+def time_major_rnn(model: nn.Module, first: str | None) -> tuple[str, str] | None:
+    """The recurrent layer (``nn.RNN``/``nn.LSTM``/``nn.GRU``) built without
+    ``batch_first=True`` that mixes the batch: ``first`` (the first module whose output mixes
+    examples) when it is one, else, when no module was named, the model's only such layer:
+    ``(name, type)``, or ``None``.
+
+    Example:
+        >>> net = nn.Sequential(nn.LSTM(4, 8))
+        >>> time_major_rnn(net, "0"), time_major_rnn(nn.Sequential(nn.GRU(4, 8, batch_first=True)), None)
+        (('0', 'LSTM'), None)
+    """
+    modules = dict(model.named_modules())
+    if first is not None:
+        sub = modules.get(first)
+        candidates = [(first, sub)] if sub is not None else []
+    else:
+        candidates = list(modules.items())
+    found = [(name, type(sub).__name__) for name, sub in candidates
+             if isinstance(sub, nn.RNNBase) and not sub.batch_first]
+    return found[0] if len(found) == 1 else None
+
+
 def batch_mixing(label: str, layer: str | None, first: str | None, where: str,
-                 mix: BatchDependence, probe_input: str, batch_size: int) -> Verdict:
-    """``structure.batch_mixing``: ``label`` (an output) for example 0 depends on the inputs of
-    other examples; ``where`` is :func:`where_sentence` for ``first``."""
+                 mix: BatchDependence, probe_input: str, batch_size: int,
+                 time_major: tuple[str, str] | None = None) -> Verdict:
+    """``structure.batch_mixing``: ``label`` (an output) for example ``mix.example`` depends on
+    the inputs of other examples; ``where`` is :func:`where_sentence` for ``first``;
+    ``time_major`` the recurrent layer built without ``batch_first=True`` that mixes them
+    (:func:`time_major_rnn`), named with the argument."""
+    rnn = ""
+    evidence: dict[str, Any] = {}
+    if time_major is not None:
+        name, kind = time_major
+        rnn = (f" `{name}` is an `nn.{kind}` built without `batch_first=True`: it reads dim 0 "
+               f"of its input as time, so fed batch-first `(N, T, ...)` tensors it runs over the "
+               f"batch as a sequence (example i sees examples 0..i-1) whatever is read from it "
+               f"afterwards; pass `batch_first=True` (or feed `(T, N, ...)`).")
+        evidence = {"rnn": name, "argument": "batch_first"}
+        layer = name
     return Verdict(
         "structure.batch_mixing", 0,
-        f"In eval mode {label} for example 0 depends on the inputs of other examples: "
-        f"gradient norm {mix.other_grad_norm:.3g} reaches them (largest: example "
-        f"{mix.worst_example}) vs {mix.own_grad_norm:.3g} for its own input.{where}",
+        f"In eval mode {label} for example {mix.example} depends on the inputs of other "
+        f"examples: gradient norm {mix.other_grad_norm:.3g} reaches them (largest: example "
+        f"{mix.worst_example}) vs {mix.own_grad_norm:.3g} for its own input.{where}{rnn}",
         layer=layer,
-        evidence={"output": label, "first_module": first, "example": 0,
+        evidence={"output": label, "first_module": first, "example": mix.example,
                   "own_grad_norm": mix.own_grad_norm,
                   "other_grad_norm": mix.other_grad_norm, "ratio": mix.ratio,
                   "worst_example": mix.worst_example, "probe_input": probe_input,
-                  "batch_size": batch_size},
+                  "batch_size": batch_size, **evidence},
     )
 
 
@@ -360,5 +395,6 @@ __all__ = [
     "probe_skipped",
     "shape_mismatch",
     "target_leak",
+    "time_major_rnn",
     "where_sentence",
 ]

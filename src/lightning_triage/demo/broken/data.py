@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset, get_worker_info
 
 from lightning_triage.demo.broken.common import HEALTHY, Loaders, digits, fit, loaders, mlp, raw_digits
 from lightning_triage.demo.broken.structure import ShapeMismatchRegressor
-from lightning_triage.demo.digits import load_digits_tensors
+from lightning_triage.demo.digits import DigitsMLP, load_digits_tensors
 from lightning_triage.demo.scenario import Scenario
 
 
@@ -127,6 +131,36 @@ def shared_rng_loaders(reseed: bool = False) -> Loaders:
     return train, DataLoader(TensorDataset(xv, yv), batch_size=256)
 
 
+class CaptionedDigits(DigitsMLP):
+    """Digits with a "caption" of 8 tokens each (the first row's pixels, bucketed), in dict
+    batches; reads ``image`` and ``label`` whatever leading axes they carry."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        logits = self(batch["image"].reshape(-1, 64))
+        return F.cross_entropy(logits, batch["label"].reshape(-1))
+
+
+def captioned(batch: list[tuple[Tensor, Tensor]], fold: bool = False) -> dict[str, Tensor]:
+    """Collates ``(image, label)`` pairs with their tokens into ``image (B, 64)``,
+    ``tokens (B, 8)``, ``label (B,)``; ``fold``: the bug, a collate written for one sample's
+    list that wraps the whole batch as one sample: ``(1, B, 64)`` images beside ``(1, 8B)``
+    tokens and ``(1, B)`` labels."""
+    images = torch.stack([x for x, _ in batch])
+    labels = torch.stack([y for _, y in batch])
+    tokens = (images[:, :8].abs() * 4).long().clamp(0, 15)
+    if fold:
+        return {"image": images[None], "tokens": tokens.reshape(1, -1), "label": labels[None]}
+    return {"image": images, "tokens": tokens, "label": labels}
+
+
+def captioned_loaders(fold: bool = False) -> Loaders:
+    x, y, xv, yv = load_digits_tensors()
+    train = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True,
+                       collate_fn=functools.partial(captioned, fold=fold),
+                       generator=torch.Generator().manual_seed(0))
+    return train, DataLoader(TensorDataset(xv, yv), batch_size=256)
+
+
 _REGRESSOR = lambda: ShapeMismatchRegressor(lr=0.01)  # noqa: E731
 
 DATA_RUNS: list[Scenario] = [
@@ -160,6 +194,13 @@ DATA_RUNS: list[Scenario] = [
              fixed=fit(_REGRESSOR, lambda: nan_target_loaders(nan=False)), full_fix=False),
     Scenario("dropping-collate", "a collate function that keeps one example per class",
              "data.short_batches", fit(mlp(), dropping_collate_loaders), fixed=HEALTHY),
+    # issue 42: a collate written for one sample's list folds the whole batch into one sample:
+    # `(1, B, 64)` images beside `(1, 8B)` tokens; the images' second axis alone looks like a
+    # time-major batch, the tokens say it is not
+    Scenario("folded-collate", "a collate that wraps the whole batch as one sample",
+             "data.short_batches", fit(lambda: CaptionedDigits(lr=0.1),
+                                       lambda: captioned_loaders(fold=True)),
+             fixed=fit(lambda: CaptionedDigits(lr=0.1), captioned_loaders)),
     Scenario("shared-worker-rng", "noise drawn from a generator the dataset created, 2 workers",
              "data.shared_worker_rng", fit(mlp(), shared_rng_loaders),
              fixed=fit(mlp(), lambda: shared_rng_loaders(reseed=True))),

@@ -20,7 +20,6 @@ import lightning.pytorch as pl
 from lightning_triage.demo.recipes.classify import digits
 from lightning_triage.demo.recipes.contrastive import CLIP, MixtureOfExperts, pairs
 from lightning_triage.demo.recipes.generative import DDPM, VAE, digit_pixels
-from lightning_triage.demo.recipes.sequence import LSTMClassifier, lstm_classifier
 from lightning_triage.demo.scenario import Builder, Scenario
 
 _FIT = {"limit_train_batches": 16, "limit_val_batches": 2}
@@ -32,13 +31,6 @@ def _build(model: Callable[[], pl.LightningModule],
     def build() -> tuple[pl.LightningModule, Any, Any]:
         train, val = data(0)
         return model(), train, val
-    return build
-
-
-def _lstm(batch_first: bool) -> Builder:
-    def build() -> tuple[pl.LightningModule, Any, Any]:
-        _, train, val = lstm_classifier(0)
-        return LSTMClassifier(batch_first=batch_first), train, val
     return build
 
 
@@ -78,12 +70,4 @@ RECIPE_RUNS: list[Scenario] = [
              "wiring.no_grad_params",
              _build(lambda: MixtureOfExperts(detach_router=True), digits),
              trainer_kwargs=_FIT, fixed=_build(MixtureOfExperts, digits)),
-    # An LSTM without `batch_first=True` fed (batch, time, features): the batch is read as time,
-    # each example's output depends on the examples before it in the batch
-    # (pytorch/pytorch#1538, facebookresearch/fairseq#2449).
-    Scenario("lstm-not-batch-first",
-             "LSTM without `batch_first=True` fed `(batch, time, features)` (pytorch/pytorch#1538)",
-             "structure.batch_mixing", _lstm(False), trainer_kwargs=_FIT, fixed=_lstm(True),
-             known_miss="issue 41: the batch-independence probe differentiates example 0's "
-                        "output only, and example 0 comes first in the batch read as time"),
 ]

@@ -125,6 +125,30 @@ def mse_broadcast(squeeze: bool = False) -> tuple[pl.LightningModule, Any, Any]:
 
 # The language models' twins are not full fixes: a causal LM cannot learn random tokens, and the
 # curve says so (curve.lr_too_low).
+class RowsLSTM(DigitsMLP):
+    """Reads each 8x8 digit as a sequence of 8 rows with an LSTM built without
+    ``batch_first=True`` (``batch_first``: built with it, the fix), fed ``(N, 8, 8)``
+    batch-first tensors; ``readout`` is what the head reads: the last step, the mean over
+    steps, or every step (flattened)."""
+
+    def __init__(self, batch_first: bool = False, readout: str = "last",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.readout = readout
+        self.net = nn.Sequential()  # unused: the layers below replace it
+        self.rnn = nn.LSTM(8, 32, batch_first=batch_first)
+        self.head = nn.Linear(32 * 8 if readout == "every" else 32, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, _ = self.rnn(x.view(-1, 8, 8))
+        feats = {"last": lambda: out[:, -1], "mean": lambda: out.mean(dim=1),
+                 "every": lambda: out.flatten(1)}[self.readout]()
+        return self.head(feats)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
 STRUCTURE_RUNS: list[Scenario] = [
     Scenario("batch-mean-logits", "logits minus their batch mean", "structure.batch_mixing",
              fit(lambda: BatchMeanMLP(lr=0.1)), fixed=HEALTHY),
@@ -147,4 +171,11 @@ STRUCTURE_RUNS: list[Scenario] = [
     Scenario("mse-broadcast", "MSE between `(N, 1)` predictions and `(N,)` targets (diabetes)",
              "structure.shape_mismatch", mse_broadcast,
              fixed=lambda: mse_broadcast(squeeze=True), lead=True),
+    # yunjey/pytorch-tutorial#196 (and pytorch/pytorch#1538): an MNIST row-LSTM tutorial with
+    # `batch_first=True` turned to False, still fed `(N, T, F)`: accuracy 11%. The LSTM runs
+    # over the batch as time; the probe reads the last example, which sees every other one
+    Scenario("lstm-without-batch-first",
+             "an `nn.LSTM` without `batch_first=True` fed `(N, T, F)` batches",
+             "structure.batch_mixing", fit(lambda: RowsLSTM(lr=1e-2)),
+             fixed=fit(lambda: RowsLSTM(batch_first=True, lr=1e-2))),
 ]

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_triage.demo.broken.common import HEALTHY, Loaders, fit, mlp
+from lightning_triage.demo.broken.parts import PART_RUNS
 from lightning_triage.demo.digits import DigitsMLP, load_digits_tensors
 from lightning_triage.demo.scenario import Scenario
 from lightning_triage.demo.wiring import DetachedEncoderMLP
@@ -141,6 +142,9 @@ class FrozenBatchNormMLP(DigitsMLP):
         super().__init__(**kwargs)
         self.stem_eval = stem_eval
         self.stem = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64)).requires_grad_(False)
+        # the frozen stem stands for a pretrained one: weights other than its default draw (a
+        # stem frozen at its random init would be `wiring.frozen_at_init`, another bug)
+        nn.init.orthogonal_(cast(nn.Linear, self.stem[0]).weight)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(self.stem(x))
@@ -189,4 +193,5 @@ WIRING_RUNS: list[Scenario] = [
     # issue 14's causes: the report leads with them and the probe's failure names them
     Scenario("lr-0", "the digits MLP with SGD at lr 0", "wiring.optimizer_not_stepping",
              fit(mlp(0.0)), fixed=HEALTHY, lead=True),
+    *PART_RUNS,
 ]

@@ -87,8 +87,8 @@ def short_size(batch: Any, batch_size: int) -> int | None:
     """The examples a batch holds when it holds fewer than ``batch_size``, else ``None``.
 
     The batch is short when it holds at least one tensor and none of its tensors has
-    ``batch_size`` or more entries along its leading dimension, nor ``batch_size`` entries along
-    its second one (a time-major ``(T, B)`` batch). Packed sequences (an entry named as in
+    ``batch_size`` or more entries along its leading dimension, and the tensors together are not
+    a time-major ``(T, B)`` batch (:func:`time_major`). Packed sequences (an entry named as in
     :data:`PACKING_MARKERS`) are short when the examples they hold
     (:func:`packed_examples`: the sequence starts of ``position_ids``) are fewer than
     ``batch_size``, whatever the shape: a ``(1, T)`` row of a collate that kept one example.
@@ -113,13 +113,34 @@ def short_size(batch: Any, batch_size: int) -> int | None:
         held = packed_examples(tensors)
         return held if held is not None and held < batch_size else None
     largest = None
-    for _, t in tensors:
-        if t.layout != torch.strided or t.is_nested or t.ndim == 0:
-            continue
-        if t.shape[0] >= batch_size or (t.ndim > 1 and t.shape[1] == batch_size):
+    shaped = [t for _, t in tensors
+              if t.layout == torch.strided and not t.is_nested and t.ndim > 0]
+    for t in shaped:
+        if t.shape[0] >= batch_size:
             return None
         largest = max(largest or 0, int(t.shape[0]))
-    return largest
+    return None if largest is None or time_major(shaped, batch_size) else largest
+
+
+def time_major(tensors: Sequence[torch.Tensor], batch_size: int) -> bool:
+    """Whether tensors none of which holds ``batch_size`` entries on its leading dimension are a
+    time-major ``(T, B, ...)`` batch, decided from all of them together: at least one has
+    ``batch_size`` on its second axis and every other tensor of two or more dimensions is
+    ``(T, B, ...)`` too, or a ``(T, T)`` mask over the same ``T``. A collate that folded the
+    whole batch into one sample's list (``(1, B, C, H, W)`` images beside ``(1, T)`` tokens)
+    is not: its tokens contradict it, whatever the images' second axis says.
+
+    Example:
+        >>> import torch
+        >>> time_major([torch.zeros(5, 8, 3), torch.zeros(5, 8), torch.zeros(5, 5)], 8)
+        True
+        >>> time_major([torch.zeros(1, 8, 3, 4, 4), torch.zeros(1, 12)], 8)
+        False
+    """
+    multi = [t for t in tensors if t.ndim > 1]
+    leads = {int(t.shape[0]) for t in multi if t.shape[1] == batch_size}
+    return bool(leads) and all(t.shape[1] == batch_size
+                               or (t.shape[0] in leads and t.shape[1] in leads) for t in multi)
 
 
 def packed_examples(tensors: Sequence[tuple[str, torch.Tensor]]) -> int | None:
@@ -233,4 +254,4 @@ def short_batches_rule(spec: LoaderSpec, seen: BatchSizes) -> Verdict | None:
 
 
 __all__ = ["MAX_SIZES", "PACKING_MARKERS", "BatchSizes", "LoaderSpec", "loader_spec",
-           "short_batches_rule", "short_size"]
+           "short_batches_rule", "short_size", "time_major"]
