@@ -58,7 +58,7 @@ META_STAGE = "triage"
 RUN_STAGE = "run"
 
 
-# The table of codes (`CodeSpec`, one `_spec(...)` entry per code) is `lightning_triage/codes.py`
+# The table of codes (`CodeSpec`, one `spec(...)` row per code) is the `lightning_triage.codes` package
 # (moved there by issue 33: the module-size limit); the registry built from it is below.
 #: Every known finding code, with its stage, default severity, title and hint.
 CODES: dict[str, CodeSpec] = {spec.code: spec for spec in SPECS}
