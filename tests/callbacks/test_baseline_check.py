@@ -35,7 +35,9 @@ def _fit(tmp_path: Path, model: Any, regression: bool = False, seed: int = 0,
     return check
 
 
-def test_frozen_body_ends_below_the_baseline_and_leads(tmp_path: Path) -> None:
+def test_frozen_body_ends_below_the_baseline_explained_by_its_cause(tmp_path: Path) -> None:
+    """The body frozen at its random draw: below the baselines, explained by
+    `wiring.frozen_at_init`, the cause, which leads."""
     pl.seed_everything(0, verbose=False)
     triage = Triage(report_dir=tmp_path, verbose=True, strict=True, overfit=False)
     for check in triage.checks:
@@ -44,8 +46,9 @@ def test_frozen_body_ends_below_the_baseline_and_leads(tmp_path: Path) -> None:
     make_trainer(tmp_path, [triage], **FIT).fit(DigitsStack(frozen=True, lr=1e-2), *digits(0))
     report = json.loads((tmp_path / "triage_report.json").read_text())
     jsonschema.validate(report, REPORT_SCHEMA)
-    assert report["start_here"] == "curve.below_baseline", report["findings"]
+    assert report["start_here"] == "wiring.frozen_at_init", report["findings"]
     (found,) = [f for f in report["findings"] if f["code"] == "curve.below_baseline"]
+    assert "wiring.frozen_at_init" in found["explained_by"]
     ev = found["evidence"]
     assert found["severity"] == "warning"
     assert ev["model"] < ev["baseline_value"] - ev["margin"] and ev["baseline_value"] > 0.8

@@ -122,11 +122,14 @@ class Tied(pl.LightningModule):
         self.emb = nn.Embedding(20, 8, max_norm=max_norm)
         self.dec = nn.Linear(8, 20, bias=False)
         self.dec.weight = self.emb.weight
+        nn.init.normal_(self.emb.weight, std=0.02)  # as tied LMs do: N(0, 1) rows give logits
+        # of size ~8 at step 0 (init.loss_above_chance, rightly)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        (tokens,) = batch
-        return nn.functional.cross_entropy(self.dec(self.emb(tokens)).flatten(0, 1),
-                                           tokens.flatten())
+        (tokens,) = batch  # next-token targets: the same token would be a label leak, which a
+        # tied decoder scores far below chance at step 0 (init.loss_below_chance, rightly)
+        return nn.functional.cross_entropy(self.dec(self.emb(tokens[:, :-1])).flatten(0, 1),
+                                           tokens[:, 1:].flatten())
 
     def configure_optimizers(self) -> Any:
         return torch.optim.Adam(self.parameters(), lr=0.01)
