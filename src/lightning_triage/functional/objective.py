@@ -173,6 +173,12 @@ class Objective:
         """The step draws random numbers (noise, a mask, a timestep, a mix) each time."""
         return bool(self.draws)
 
+    @property
+    def noisy(self) -> bool:
+        """The loss has per-step noise and an unknown floor by nature: a fresh draw per step,
+        or in-batch negatives (each batch its own candidates)."""
+        return self.fresh_draws or any(c.kind == "in_batch_negatives" for c in self.calls)
+
     def _combined(self, attr: str) -> float | None:
         values = [getattr(t, attr) for t in self.terms]
         if not self.known or any(v is None for v in values):
