@@ -8,7 +8,6 @@ import numpy as np
 
 from lightning_triage.functional import classify_curve
 
-
 _SEEDS = range(10)
 
 
