@@ -248,8 +248,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         objective = self._objective.finish(None if loss is None else float(loss))
         if objective is not None and objective.noisy:
             self.noisy = True
-            self.objective_note = (f"`lr_too_low` and `not_learning` not judged: "
-                                   f"{objective.describe()} has per-step noise and an unknown "
+            self.objective_note = (f"`lr_too_low` and `not_learning` not judged for "
+                                   f"{objective.describe()}: per-step noise and an unknown "
                                    "floor; rises are read against that noise")
         if objective is not None and objective.recognized:
             self.chance = objective.chance_level()

@@ -231,7 +231,8 @@ def classify_curve(
     return [Verdict(
         "curve.healthy", int(st[-1]),
         f"the loss fell from {_fmt(start)} to {_fmt(end)} over {n} steps without spikes, "
-        "rebounds or plateaus.",
+        "rebounds or plateaus" + (" beyond its noise (a noisy objective: its pace is not "
+                                  "judged)." if noisy else "."),
         evidence={"start": start, "end": end, "steps": n})]
 
 

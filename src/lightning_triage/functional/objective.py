@@ -264,8 +264,8 @@ class Objective:
             'no recognized loss function'
         """
         if self.match == "none":
-            return "no recognized loss function"
-        if self.known:
+            text = "no recognized loss function"
+        elif self.known:
             text = self.terms[0].describe() + self._how()
         else:
             names = ", ".join(dict.fromkeys(f"`{c.name}`" for c in self.calls))
