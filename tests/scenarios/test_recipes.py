@@ -25,8 +25,6 @@ from tests.helpers import seeds
 FALSE_ALARMS: dict[str, tuple[str, tuple[int, ...]]] = {
     "distillation": ("curve.lr_too_low on seed 2: KL at T=4 plus CE falls 9% in the 32-step "
                      "window (10% is the threshold), steepening late", (2,)),
-    "ranking-margin": ("wiring.zero_grad_params: the score's bias, which a pairwise margin loss "
-                       "cannot see (exactly 0 unless rounding leaves a residue)", (0,)),
     "huber": ("curve.lr_too_high: outlier batches read as a noisy loss", (1,)),
 }
 
