@@ -26,6 +26,7 @@ from lightning_triage.functional.unregistered import (
 from lightning_triage.functional.wiring import WiringResult, analyze_wiring, group_by_module
 from lightning_triage.functional.wiring_verdicts import (
     detached_loss_verdict,
+    shift_invariant_verdict,
     wiring_verdicts,
     zero_partner_verdict,
 )
@@ -253,6 +254,16 @@ class GradientWiringCheck(TriageCallback):
                 - partner_outside
             result = dataclasses.replace(
                 result, zero_grad=group_by_module(keep, self._trainable) if keep else [])
+        # a bias with a zero gradient beside its layer's non-zero weight gradient: the loss is
+        # invariant to a shift of that layer's outputs (score differences, a batch norm after)
+        shifted = sorted(n for g in result.zero_grad for n in g.params
+                         if n.rsplit(".", 1)[-1] == "bias" and n[:-4] + "weight" in nonzero)
+        if shifted:
+            keep = {n for g in result.zero_grad for n in g.params} - set(shifted)
+            result = dataclasses.replace(
+                result, zero_grad=group_by_module(keep, self._trainable) if keep else [])
+            self.add_verdict(trainer, shift_invariant_verdict(shifted, self._step,
+                                                              self._trainable))
         self.result = result
         step = self._step
         self.add_verdicts(trainer, wiring_verdicts(

@@ -35,6 +35,7 @@ from lightning_triage.functional.init_verdicts import (
     chance_unknown_verdict,
     initial_loss_verdict,
     objective_unknown_verdict,
+    unrecognized_loss_verdict,
 )
 from lightning_triage.functional.objective import Objective, StepObjective
 
@@ -184,6 +185,13 @@ class InitialLossCheck(TriageCallback):
         level = resolve_chance(self.task, self.num_classes, output, targets, self.ignore_index)
         if level is None:
             self._chance_unknown(trainer, output, targets)
+            return
+        if self.objective is not None and level.task != "regression" \
+                and not self.objective.hand_written_ce:
+            # the step was watched: integer labels in the batch do not make its loss a CE
+            self.detail = f"not judged: {self.objective.describe()}"
+            self.add_verdict(trainer, unrecognized_loss_verdict(self.initial_loss,
+                                                                self.objective, level))
             return
         self.chance = level
         self._compare(trainer, self.initial_loss, level)

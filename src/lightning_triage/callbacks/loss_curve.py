@@ -198,6 +198,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._objective = StepObjective()
         #: why a shape could not be judged against the objective (its chance level unknown)
         self.objective_note = ""
+        #: the objective's loss is noisy by nature (a fresh draw per step, in-batch negatives)
+        self.noisy = False
         self._chance_read = False  # the first step's chance level was read (or never will be)
         self._steps: StepCounter | None = None
         self._val_runs = 0
@@ -244,9 +246,14 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         output, targets = self._capture.finish()
         loss = loss_from_outputs(outputs, pl_module, trainer) if self._objective.active else None
         objective = self._objective.finish(None if loss is None else float(loss))
+        if objective is not None and objective.noisy:
+            self.noisy = True
+            self.objective_note = (f"`lr_too_low` and `not_learning` not judged for "
+                                   f"{objective.describe()}: per-step noise and an unknown "
+                                   "floor; rises are read against that noise")
         if objective is not None and objective.recognized:
             self.chance = objective.chance_level()
-            if self.chance is None:
+            if self.chance is None and not self.noisy:
                 self.objective_note = (f"`plateau_at_chance` not judged: {objective.describe()} "
                                        "has no chance level known")
             return
@@ -255,6 +262,9 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
                                          self.ignore_index)
         except ValueError:
             self.chance = None
+        if objective is not None and not objective.hand_written_ce and self.chance is not None \
+                and self.chance.task != "regression":
+            self.chance = None  # a watched step with no loss the checks know: labels make no CE
 
     # ------------------------------------------------------------------ per step
     @override
@@ -327,7 +337,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             else None
         return classify_curve(self.train, steps=self.train_steps, val=self.val,
                               chance=self._scale(), prior=prior, final=final,
-                              thresholds=self.thresholds, val_examples=self.val_examples or None)
+                              thresholds=self.thresholds, val_examples=self.val_examples or None,
+                              noisy=self.noisy)
 
     def _close_window(self, trainer: pl.Trainer, complete: bool = True) -> None:
         verdicts = self._classify(final=True)
@@ -510,7 +521,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             "reported": [list(k) for k in self._reported],
             "pending": pending, "pending_steps": steps,
             "val_runs": self._val_runs, "window_n": self._window_n,
-            "objective_note": self.objective_note,
+            "objective_note": self.objective_note, "noisy": self.noisy,
         }
 
     @override
@@ -538,6 +549,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._val_runs = int(state.get("val_runs", 0))
         self._window_n = int(state.get("window_n", 0))
         self.objective_note = str(state.get("objective_note", ""))
+        self.noisy = bool(state.get("noisy", False))
         self._chance_read = True  # a resumed run does not read it again
 
 

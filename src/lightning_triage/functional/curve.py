@@ -67,6 +67,10 @@ class CurveThresholds:
         overfit_z: ...and the rise exceeds this many standard errors of the validation mean,
             estimated as ``best / sqrt(val_examples)`` (per-example losses with a spread about
             their mean, as cross-entropy's), when the number of validation examples is known.
+        noisy_margin_z: for a noisy objective (``classify_curve(noisy=True)``), a rise or a
+            rebound of the block medians must also exceed this many standard errors of the
+            difference of two block medians (estimated from the per-step noise; 4: the best
+            earlier block is the least of several, biased low by their noise).
 
     Example:
         Stricter spike detection than the default:
@@ -100,6 +104,7 @@ class CurveThresholds:
     overfit_rise: float = 0.1
     overfit_confirm: int = 2
     overfit_z: float = 2.0
+    noisy_margin_z: float = 4.0
 
 
 def _slope_t(y: np.ndarray) -> tuple[float, float]:
@@ -143,6 +148,7 @@ def classify_curve(
     final: bool = True,
     thresholds: CurveThresholds | None = None,
     val_examples: int | None = None,
+    noisy: bool = False,
 ) -> list[Verdict]:
     """Classify a loss curve.
 
@@ -158,6 +164,11 @@ def classify_curve(
         thresholds: see :class:`CurveThresholds`.
         val_examples: examples in one validation run; when known, a validation rise must also
             be significant (see ``overfit_z``) to count as overfitting.
+        noisy: the objective draws fresh noise, masks, timesteps or views per step, or contrasts
+            in-batch negatives: its loss has an unknown floor and per-batch noise by nature.
+            A slow or flat loss is not judged (``lr_too_low``; ``not_learning`` only when the
+            validation loss is identical at every run), and a rise or rebound must exceed the
+            noise of the block medians (``noisy_margin_z``) to read as ``lr_too_high``.
 
     Returns:
         The verdicts, shape verdict first; ``curve.healthy`` alone when nothing was found
@@ -211,7 +222,7 @@ def classify_curve(
     events = [*([] if overfit is None else [overfit]), *spike_verdicts]
     if not final or n < th.min_steps:
         return events
-    shape = _shape(x, st, vals, step0, chance, prior, scale, th)
+    shape = _shape(x, st, vals, step0, chance, prior, scale, th, noisy)
     if shape is not None:
         return [shape, *events]
     if events:
@@ -220,7 +231,8 @@ def classify_curve(
     return [Verdict(
         "curve.healthy", int(st[-1]),
         f"the loss fell from {_fmt(start)} to {_fmt(end)} over {n} steps without spikes, "
-        "rebounds or plateaus.",
+        "rebounds or plateaus" + (" beyond its noise (a noisy objective: its pace is not "
+                                  "judged)." if noisy else "."),
         evidence={"start": start, "end": end, "steps": n})]
 
 
@@ -355,8 +367,8 @@ def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
 
 
 def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: float,
-           chance: float | None, prior: float | None, scale: float, th: CurveThresholds
-           ) -> Verdict | None:
+           chance: float | None, prior: float | None, scale: float, th: CurveThresholds,
+           noisy: bool = False) -> Verdict | None:
     n = x.size
     start = float(np.median(x[: max(3, min(20, n // 10))]))
     end = float(np.median(x[-max(5, n // 4):]))
@@ -392,19 +404,27 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
                 "the same distribution for every input.",
                 evidence={**ev, "level": end, "max": float(np.max(x))})
 
-    rose = float(blocks[1:].max()) > th.rise_ratio * step0 if blocks.size > 1 else False
+    # a noisy objective's block medians move by chance: a rise must clear their noise
+    margin = th.noisy_margin_z * 1.2533 * noise * math.sqrt(2 / max(1, n // blocks.size)) \
+        if noisy else 0.0
+    ev["margin"] = margin
+    rose = (float(blocks[1:].max()) > th.rise_ratio * step0
+            and float(blocks[1:].max()) - max(step0, float(blocks[0])) > margin) \
+        if blocks.size > 1 else False
     # ---- no real progress: flat (not learning) or a steady crawl (learning rate too low)
     from_step0 = (step0 - end) / abs(step0) if step0 else 0.0
     if abs(progress) < th.low_progress and abs(from_step0) < th.low_progress and not rose:
         val_constant = v.size >= 2 and float(np.ptp(v)) <= th.val_constant_tol * abs(float(v[0]))
         val_falling = v.size >= 2 and bool(np.all(np.diff(v) < 0))
+        # a noisy objective: its floor and its pace cannot be told apart in the window
+        judged = val_constant or not noisy
         if val_constant:
             declining = False
         elif val_falling or t < -th.trend_t:
             declining = True
         else:
             declining = False
-        if declining and (progress > 0 or val_falling):
+        if judged and declining and (progress > 0 or val_falling):
             rate = (float(v[0] - v[-1]) / abs(float(v[0]))) if val_falling else progress
             # say which signal decided: the training trend, or a validation loss that falls at
             # every run by amounts too small to show in the training noise
@@ -417,7 +437,7 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
                         f"({float(v[0]):.6g} -> {float(v[-1]):.6g})" if val_falling else "")
             return Verdict("curve.lr_too_low", last, f"{trend}{val_text}.",
                                 evidence={**ev, "relative_decrease": rate, "val_falling": val_falling})
-        if abs(progress) < th.flat_tol or val_constant or not declining:
+        if judged and (abs(progress) < th.flat_tol or val_constant or not declining):
             why = ("the validation loss is identical at every run (the weights do not change)"
                    if val_constant else f"no significant trend (t = {t:.1f})")
             return Verdict(
@@ -435,7 +455,8 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
     rebound = None
     for b in range(1, blocks.size):
         best = float(blocks[:b].min())
-        if blocks[b] > th.rebound_ratio * best and blocks[b] - best > th.rebound_min_frac * scale:
+        if blocks[b] > th.rebound_ratio * best \
+                and blocks[b] - best > max(th.rebound_min_frac * scale, margin):
             rebound = (b, best, float(blocks[b]))
             break
     if rebound is not None:

@@ -70,6 +70,35 @@ def objective_unknown_verdict(loss: float, objective: Objective) -> Verdict:
                   "loss_functions": [c.name for c in objective.calls][:8], "loss": loss})
 
 
+def unrecognized_loss_verdict(loss: float, objective: Objective, level: ChanceLevel
+                              ) -> Verdict:
+    """``init.chance_unknown`` (info): the step was watched and called no loss function the
+    check knows, nor a log-softmax (a hand-written metric-learning loss, a policy-gradient
+    surrogate): the chance ``level`` the batch's shapes suggest is not this loss's.
+
+    Example:
+        >>> from lightning_triage.functional.chance import chance_level
+        >>> from lightning_triage.functional.objective import Objective
+        >>> v = unrecognized_loss_verdict(0.04, Objective(), chance_level("multiclass",
+        ...                                                                num_classes=32))
+        >>> v.code, v.message[:60]
+        ('init.chance_unknown', 'The step-0 loss 0.04 was computed without a loss function th')
+    """
+    seen = "no softmax"
+    if objective.log_probs:
+        seen = (f"`{objective.log_probs[0]}` with a random draw per step "
+                f"({', '.join(objective.draws[:3])}), as a sampled action or noise")
+    return Verdict(
+        "init.chance_unknown", 0,
+        f"The step-0 loss {loss:.4g} was computed without a loss function the check recognizes "
+        f"({seen}): the batch's shapes suggest {level.describe()}, but integer labels in the "
+        "batch do not make a loss a cross-entropy, so it was not compared. Pass `task=` and "
+        "`num_classes=` if the loss is one.",
+        evidence={"objective": objective.describe(), "match": objective.match,
+                  "shape_chance": level.describe(), "log_probs": list(objective.log_probs[:4]),
+                  "draws": list(objective.draws[:4]), "loss": loss})
+
+
 def initial_loss_verdict(loss: float, level: ChanceLevel, *, above_ratio: float = 2.0,
                          below_ratio: float = 0.5, peft: bool = False,
                          inferred: bool = False) -> Verdict | None:
@@ -122,5 +151,6 @@ def initial_loss_verdict(loss: float, level: ChanceLevel, *, above_ratio: float 
                    "model cannot do that well.", evidence=evidence)
 
 
-__all__ = ["chance_unknown_verdict", "initial_loss_verdict", "objective_unknown_verdict"]
+__all__ = ["chance_unknown_verdict", "initial_loss_verdict", "objective_unknown_verdict",
+           "unrecognized_loss_verdict"]
 

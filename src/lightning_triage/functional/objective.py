@@ -57,6 +57,9 @@ _SCALE_JUDGED = ("multiclass", "sequence", "masked_lm", "soft_targets", "in_batc
 MAX_CALLS = 32
 #: Relative tolerance of "the step's loss is this term".
 MATCH_RTOL = 1e-4
+#: The functions (by ``__name__``) of a cross-entropy written by hand: log-probabilities from
+#: scores (``-F.log_softmax(z, 1).gather(1, y)``, ``-log(softmax(z))``).
+LOG_PROB_FUNCTIONS: frozenset[str] = frozenset({"log_softmax", "softmax", "logsumexp"})
 
 _PAUSE = threading.local()
 #: Watches entered and not yet exited (any thread): when none, nothing needs hiding from them.
@@ -112,6 +115,7 @@ class Objective:
             terms, a hand-written term added) or ``"none"`` (no recognized call).
         draws: the random functions the step called (other than dropout).
         dropouts: the dropout calls that dropped.
+        log_probs: the softmax-family calls (:data:`LOG_PROB_FUNCTIONS`) the step made.
     """
 
     calls: tuple[LossCall, ...] = ()
@@ -119,6 +123,7 @@ class Objective:
     match: Match = "none"
     draws: tuple[str, ...] = ()
     dropouts: tuple[str, ...] = ()
+    log_probs: tuple[str, ...] = ()
 
     @property
     def terms(self) -> tuple[LossCall, ...]:
@@ -156,9 +161,23 @@ class Objective:
         return bool(self.calls)
 
     @property
+    def hand_written_ce(self) -> bool:
+        """The step called no watched loss function but turned scores into log-probabilities
+        and drew nothing (a sampled action makes a policy-gradient surrogate, not a
+        cross-entropy): a cross-entropy written by hand, which the labels' chance level
+        judges."""
+        return not self.calls and bool(self.log_probs) and not self.fresh_draws
+
+    @property
     def fresh_draws(self) -> bool:
         """The step draws random numbers (noise, a mask, a timestep, a mix) each time."""
         return bool(self.draws)
+
+    @property
+    def noisy(self) -> bool:
+        """The loss has per-step noise and an unknown floor by nature: a fresh draw per step,
+        or in-batch negatives (each batch its own candidates)."""
+        return self.fresh_draws or any(c.kind == "in_batch_negatives" for c in self.calls)
 
     def _combined(self, attr: str) -> float | None:
         values = [getattr(t, attr) for t in self.terms]
@@ -245,8 +264,8 @@ class Objective:
             'no recognized loss function'
         """
         if self.match == "none":
-            return "no recognized loss function"
-        if self.known:
+            text = "no recognized loss function"
+        elif self.known:
             text = self.terms[0].describe() + self._how()
         else:
             names = ", ".join(dict.fromkeys(f"`{c.name}`" for c in self.calls))
@@ -290,7 +309,8 @@ def only_scaled(node: Any, target: Any, depth: int = 16) -> bool:
 def infer_objective(calls: tuple[LossCall, ...] | list[LossCall], loss: float | None, *,
                     draws: tuple[str, ...] | list[str] = (),
                     dropouts: tuple[str, ...] | list[str] = (),
-                    scaled: bool = False) -> Objective:
+                    scaled: bool = False,
+                    log_probs: tuple[str, ...] | list[str] = ()) -> Objective:
     """The :class:`Objective` of a step that made ``calls`` and returned ``loss``; ``scaled``:
     the loss is known to be its one call times a constant (see :func:`only_scaled`).
 
@@ -321,7 +341,7 @@ def infer_objective(calls: tuple[LossCall, ...] | list[LossCall], loss: float | 
             match = "scaled"
         else:
             match = "composite"
-    return Objective(calls, loss, match, tuple(draws), tuple(dropouts))
+    return Objective(calls, loss, match, tuple(draws), tuple(dropouts), tuple(log_probs))
 
 
 class ObjectiveWatch(DrawWatch):
@@ -344,6 +364,7 @@ class ObjectiveWatch(DrawWatch):
         super().__init__()
         self.calls: list[LossCall] = []
         self._nodes: list[Any] = []  # each call's autograd node, to tell a scaled loss apart
+        self.log_probs: list[str] = []
         # the user's real step runs outside any `unwatched` block, whichever hook starts the
         # watch; a probe's watch sees the steps run where it was made
         self._depth = 0 if outermost else _pause_depth()
@@ -372,6 +393,9 @@ class ObjectiveWatch(DrawWatch):
         if _pause_depth() != self._depth:
             return func(*args, **kwargs)
         if func not in LOSS_FUNCTIONS:
+            name = getattr(func, "__name__", "")
+            if name in LOG_PROB_FUNCTIONS and len(self.log_probs) < MAX_CALLS:
+                self.log_probs.append(name)
             return super().__torch_function__(func, types, args, kwargs)
         out = func(*args, **kwargs)
         if len(self.calls) < MAX_CALLS:
@@ -390,7 +414,7 @@ class ObjectiveWatch(DrawWatch):
         scaled = len(self._nodes) == 1 and self._nodes[0] is not None and only_scaled(
             node, self._nodes[0])
         return infer_objective(self.calls, loss, draws=self.draws, dropouts=self.dropouts,
-                               scaled=scaled)
+                               scaled=scaled, log_probs=self.log_probs)
 
 
 class StepObjective:
@@ -458,5 +482,5 @@ class StepObjective:
         self._done, self._node = None, None
 
 
-__all__ = ["MATCH_RTOL", "Match", "Objective", "ObjectiveWatch", "StepObjective",
+__all__ = ["LOG_PROB_FUNCTIONS", "MATCH_RTOL", "Match", "Objective", "ObjectiveWatch", "StepObjective",
            "infer_objective", "library_code", "only_scaled", "unwatched", "watching"]

@@ -175,5 +175,30 @@ def zero_partner_verdict(still: Sequence[str], partners: Sequence[str],
                   "confirmed_after_steps": steps})
 
 
-__all__ = ["MAX_LISTED", "detached_loss_verdict", "group_evidence", "wiring_verdicts",
+def shift_invariant_verdict(biases: Sequence[str], step: int | None,
+                            universe: Mapping[str, int]) -> Verdict:
+    """``wiring.zero_grad_params`` at **info**: the gradient of each of ``biases`` is exactly
+    zero while its layer's weight got one: the loss is invariant to a constant shift of that
+    layer's outputs (a pairwise margin or ranking loss on score differences, a batch norm right
+    after the layer), so the bias cancels by symmetry; nothing blocks the path.
+
+    Example:
+        >>> v = shift_invariant_verdict(["score.bias"], 0, {"score.bias": 1, "score.weight": 8})
+        >>> v.code, v.severity, v.layer
+        ('wiring.zero_grad_params', 'info', 'score')
+    """
+    groups = group_by_module(biases, universe)
+    return Verdict(
+        "wiring.zero_grad_params", step,
+        f"After the first backward (step {step}), the gradient of {describe_groups(groups)} is "
+        "exactly zero while the weight of the same layer got one: the loss does not change when "
+        "every output of that layer shifts by the same amount (a pairwise margin or ranking "
+        "loss on score differences, a batch norm right after the layer), so the bias cancels by "
+        "symmetry and cannot learn; harmless (`bias=False` drops it).",
+        layer=groups[0].module or None, severity="info",
+        evidence={**group_evidence(groups), "shift_invariant": True})
+
+
+__all__ = ["MAX_LISTED", "detached_loss_verdict", "group_evidence", "shift_invariant_verdict",
+           "wiring_verdicts",
            "zero_partner_verdict"]

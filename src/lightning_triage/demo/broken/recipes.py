@@ -43,8 +43,7 @@ RECIPE_RUNS: list[Scenario] = [
              "DDPM denoiser whose timestep embedding is built but never added "
              "(samb-t/unleashing-transformers#10)",
              "wiring.no_grad_params", _build(lambda: DDPM(use_time=False), digit_pixels),
-             trainer_kwargs=_FIT, fixed=_build(DDPM, digit_pixels),
-             full_fix=False),  # issue 41: the healthy DDPM gets overfit.failed, nondeterministic eval
+             trainer_kwargs=_FIT, fixed=_build(DDPM, digit_pixels)),
     # The logit scale applied twice: 14.3^2 = 204 times the cosine similarities, a step-0 loss
     # near 35 where ln(64) = 4.2 is chance. Misapplied CLIP temperatures are reported in
     # BAAI-DCAI/M3D#52 (the log-scale used without `.exp()`) and bowang-lab/BLEEP#5 (divided in
