@@ -2,7 +2,7 @@
 every broken run reports the code it demonstrates and its fixed twin does not; a twin marked
 `full_fix` reports no warning and no error at all, one that is not still reports something (the
 second bug its story keeps, which the registry names); a run no check catches yet
-(`known_miss`, the bugs of issue 41's recipes) is an expected failure. Lead runs (issue 14's
+(`known_miss`) is an expected failure. Lead runs (issue 14's
 causes) also start the report with their code (`test_leads.py` checks their symptoms' `explained_by`).
 
 Two economies keep the file near a minute on two cores: the broken fits of the lead runs and of

@@ -1,13 +1,9 @@
 """Broken runs of the healthy-recipe corpus (issue 41, :mod:`lightning_triage.demo.recipes`):
 the bugs people report in those recipes, each with the healthy recipe as its fixed twin.
 
-Some are not caught yet: their entry names the code that should catch them and, in
-``known_miss``, why it does not today; ``tests/scenarios/test_broken_runs.py`` expects their
-test to fail (``xfail(strict=True)``) until the check lands. Twins that still raise a false alarm
-of their own today are marked ``full_fix=False`` (the corpus's false-alarm table,
-``docs/benchmarks.md``): the flag goes stale, and fails, once issue 41's checks know the
-objective. A known miss keeps ``full_fix=True``: its test passes, and the strict mark fails,
-only once the bug is caught and its twin is silent.
+Each is caught today, its twin silent. A bug no check catches yet would name the code that
+should catch it and, in ``known_miss``, why it does not (``tests/scenarios/test_broken_runs.py``
+then expects its test to fail, ``xfail(strict=True)``, until the check lands).
 """
 
 from __future__ import annotations
