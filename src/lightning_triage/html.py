@@ -2,8 +2,9 @@
 
 Rendered from the report dict alone (so ``lightning-triage html report.json`` re-renders a saved
 report). The page needs no JavaScript and no network: styles are inline and plots are PNG
-images embedded as base64 ``data:`` URIs. Plots need matplotlib (the ``report`` extra:
-``pip install "lightning-triage[report]"``); without it the page shows the same data as tables.
+images embedded as base64 ``data:`` URIs. Plots need matplotlib (the ``report`` extra, or
+``pip install matplotlib``: the package is not on PyPI yet); without it the page shows the
+same data as tables.
 
 Every string of the report is text, by construction: the page is built from
 :class:`markupsafe.Markup` templates whose arguments are escaped unless they are markup built
@@ -295,7 +296,7 @@ def _plots(report: Mapping[str, Any], plots: bool) -> Markup:
     tables: list[Markup] = []
     if figure_cls is None:
         tables.append(Markup('<p class="muted">Plots need matplotlib (<code>pip install '
-                             '"lightning-triage[report]"</code>); the data is shown as tables.</p>'))
+                             'matplotlib</code>); the data is shown as tables.</p>'))
     for draw, caption, table in _PLOTS:
         src, failed = _draw(draw, figure_cls, report) if figure_cls is not None else (None, True)
         if src:
