@@ -114,24 +114,14 @@ class DigitsDataModule(pl.LightningDataModule):
         self.seed = seed
 
     def setup(self, stage: str) -> None:
-        try:
-            from sklearn.datasets import load_digits  # the `demo` extra: scikit-learn
-        except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
-            raise ModuleNotFoundError(
-                "The digits data needs scikit-learn: pip install scikit-learn (the `demo` extra)"
-            ) from exc
-        data = load_digits()
-        x = torch.tensor(data.data, dtype=torch.float32)
-        y = torch.tensor(data.target, dtype=torch.long)
-        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(self.seed))
-        n_val = int(len(x) * self.val_fraction)
-        val, train = order[:n_val], order[n_val:]
+        x_train, y_train, x_val, y_val = load_digits_tensors(
+            standardize=False, val_fraction=self.val_fraction, seed=self.seed)
         # Scale by the training std, but never up by more than one intensity level (pixels are
         # integers 0-16): a pixel that is (almost) always 0 in training is centred, not blown
         # up; with a tiny std floor, the few validation images that ink it would read ~1e6
-        mean, std = x[train].mean(0), x[train].std(0).clamp_min(1.0)
-        self.train_set = TensorDataset((x[train] - mean) / std, y[train])
-        self.val_set = TensorDataset((x[val] - mean) / std, y[val])
+        mean, std = x_train.mean(0), x_train.std(0).clamp_min(1.0)
+        self.train_set = TensorDataset((x_train - mean) / std, y_train)
+        self.val_set = TensorDataset((x_val - mean) / std, y_val)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True,
