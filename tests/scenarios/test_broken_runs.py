@@ -1,8 +1,7 @@
 """The registry of broken runs (`lightning_triage.demo.broken`), one real `Trainer.fit` each:
 every broken run reports the code it demonstrates and its fixed twin does not; a twin marked
 `full_fix` reports no warning and no error at all, one that is not still reports something (the
-second bug its story keeps, which the registry names); a run no check catches yet
-(`known_miss`) is an expected failure. Lead runs (issue 14's
+second bug its story keeps, which the registry names). Lead runs (issue 14's
 causes) also start the report with their code (`test_leads.py` checks their symptoms' `explained_by`).
 
 Two economies keep the file near a minute on two cores: the broken fits of the lead runs and of
@@ -80,15 +79,7 @@ def test_the_registry_is_well_formed() -> None:
         broken_run("nope")
 
 
-def _param(scenario: Scenario) -> Any:
-    """The scenario as a test parameter: a run no check catches yet (`known_miss`) is expected to
-    fail until its check lands (then the strict mark fails, and the field goes)."""
-    marks = [pytest.mark.xfail(strict=True, reason=scenario.known_miss)] if scenario.known_miss \
-        else []
-    return pytest.param(scenario, marks=marks, id=scenario.name)
-
-
-@pytest.mark.parametrize("scenario", [_param(s) for s in BROKEN_RUNS])
+@pytest.mark.parametrize("scenario", BROKEN_RUNS, ids=[s.name for s in BROKEN_RUNS])
 def test_broken_run_reports_its_code_and_its_fixed_twin_does_not(tmp_path: Path,
                                                                  scenario: Scenario) -> None:
     if scenario.name not in LED_ELSEWHERE:

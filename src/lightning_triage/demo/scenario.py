@@ -36,8 +36,6 @@ class Scenario:
         full_fix: the fixed twin reports no warning and no error at all; ``False`` where it only
             loses ``expect`` (another bug of the story stays, as the raw pixels of a run whose
             precision is fixed, or the fixed run is weak in its own right).
-        known_miss: why no check catches the run yet, naming the issue that tracks it (empty:
-            it is caught); its test expects the failure until the check lands.
     """
 
     name: str
@@ -52,7 +50,6 @@ class Scenario:
     fixed_triage_kwargs: dict[str, Any] = field(default_factory=dict)
     lead: bool = False
     full_fix: bool = True
-    known_miss: str = ""
 
     @property
     def has_twin(self) -> bool:
@@ -72,5 +69,4 @@ class Scenario:
             self, name=f"{self.name}-fixed", expect=None, build=self.fixed or self.build,
             trainer_kwargs={**self.trainer_kwargs, **self.fixed_trainer_kwargs},
             triage_kwargs={**self.triage_kwargs, **self.fixed_triage_kwargs},
-            fixed=None, fixed_trainer_kwargs={}, fixed_triage_kwargs={}, lead=False,
-            known_miss="")
+            fixed=None, fixed_trainer_kwargs={}, fixed_triage_kwargs={}, lead=False)

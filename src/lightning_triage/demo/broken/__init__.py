@@ -3,7 +3,7 @@
 
 Each entry is a :class:`~lightning_triage.demo.Scenario`: a real ``Trainer.fit`` on a small
 data set (scikit-learn's digits or diabetes, or random tokens) with one bug put in, the finding
-code it demonstrates (``expect``; a run no check catches yet says why in ``known_miss``), its
+code it demonstrates (``expect``), its
 fixed twin (the same run with the bug removed, which
 must not report that code) and, for the causes of issue 14, ``lead`` (the report must start
 with the code). The modules follow the protocol's stages; the bugs of the healthy-recipe corpus

@@ -1,9 +1,7 @@
 """Broken runs of the healthy-recipe corpus (issue 41, :mod:`lightning_triage.demo.recipes`):
 the bugs people report in those recipes, each with the healthy recipe as its fixed twin.
 
-Each is caught today, its twin silent. A bug no check catches yet would name the code that
-should catch it and, in ``known_miss``, why it does not (``tests/scenarios/test_broken_runs.py``
-then expects its test to fail, ``xfail(strict=True)``, until the check lands).
+Each is caught, its twin silent.
 """
 
 from __future__ import annotations
