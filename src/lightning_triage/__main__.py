@@ -85,7 +85,7 @@ def _exit(report: Mapping[str, Any], fail_on: str) -> int:
 
 
 def _fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    from lightning_triage.schema import one_line
+    from lightning_triage.report.schema import one_line
 
     parser.exit(2, f"lightning-triage: error: {one_line(message)}\n")
 
@@ -158,10 +158,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _html(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from lightning_triage.html import render_html
     from lightning_triage.report import HTML_NAME
-    from lightning_triage.report_files import write_file
-    from lightning_triage.schema import one_line
+    from lightning_triage.report.files import write_file
+    from lightning_triage.report.html import render_html
+    from lightning_triage.report.schema import one_line
 
     report, path = _load(args.source, parser)
     out = Path(args.output) if args.output else path.with_name(HTML_NAME)

@@ -39,7 +39,7 @@ from lightning_triage.report import (
     render_markdown,
     write_report,
 )
-from lightning_triage.report_safe import describe
+from lightning_triage.report.safe import describe
 
 #: ``fail_on`` as the callbacks take it: a severity, or ``"none"`` / ``None`` for never (the
 #: command line's ``--fail-on none``).

@@ -30,10 +30,10 @@ from lightning_triage.findings import (
     stage_line,
 )
 from lightning_triage.ranking import rank
-from lightning_triage.report_files import directory_lock, other_runs, run_id_marker, stage
-from lightning_triage.report_safe import SafeNotes, describe, json_safe, terminal_text, visible
-from lightning_triage.schema import REPORT_SCHEMA as REPORT_SCHEMA
-from lightning_triage.schema import SCHEMA_ID, one_line, validate_report
+from lightning_triage.report.files import directory_lock, other_runs, run_id_marker, stage
+from lightning_triage.report.safe import SafeNotes, describe, json_safe, terminal_text, visible
+from lightning_triage.report.schema import REPORT_SCHEMA as REPORT_SCHEMA
+from lightning_triage.report.schema import SCHEMA_ID, one_line, validate_report
 
 ReportStatus = Literal["completed", "interrupted", "crashed"]
 JSON_NAME = "triage_report.json"
@@ -397,13 +397,13 @@ def write_report(report: Mapping[str, Any], directory: str | Path, *,
     ``triage_report.html`` into ``directory``; return the paths written, the JSON first.
 
     The JSON is the source of truth: the report is first made safe to write
-    (:func:`~lightning_triage.report_safe.json_safe`: lone surrogates replaced, integers no JSON
+    (:func:`~lightning_triage.report.safe.json_safe`: lone surrogates replaced, integers no JSON
     reader holds written as strings, each change counted in ``notes``), then the Markdown and
     the HTML are rendered from the JSON's own data, each on its own: a renderer that fails
     leaves the other files, says so on stderr and in the JSON's ``notes``, and removes its
     file of an earlier run. The files carry the report's ``run.run_id`` (one is added when the
     report has none) and are written atomically, the JSON first, under the directory's lock
-    (:mod:`lightning_triage.report_files`): a failed write leaves the previous file as it was,
+    (:mod:`lightning_triage.report.files`): a failed write leaves the previous file as it was,
     and two writers to one directory do not mix files.
 
     Raises:
@@ -422,7 +422,7 @@ def write_report(report: Mapping[str, Any], directory: str | Path, *,
     renderers: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
         (MARKDOWN_NAME, render_markdown)]
     if html:
-        from lightning_triage.html import render_html
+        from lightning_triage.report.html import render_html
 
         renderers.append((HTML_NAME, render_html))
     staged: dict[Path, Path] = {}
