@@ -18,7 +18,7 @@ from lightning_triage.findings import (
     STAGES,
     Finding,
 )
-from lightning_triage.report import TriageGateError
+from lightning_triage.report.build import TriageGateError
 
 if TYPE_CHECKING:  # the callbacks' names, for type checkers (`callbacks.__all__`)
     from lightning_triage.callbacks import *  # noqa: F403

@@ -75,7 +75,7 @@ def diff_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _exit(report: Mapping[str, Any], fail_on: str) -> int:
-    from lightning_triage.report import problems_at
+    from lightning_triage.report.build import problems_at
 
     if fail_on == "none":
         return 0
@@ -91,7 +91,7 @@ def _fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
 
 
 def _load(source: str, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], Path]:
-    from lightning_triage.report import find_report, load_report
+    from lightning_triage.report.load import find_report, load_report
 
     try:
         path = find_report(source)
@@ -114,7 +114,7 @@ def _console() -> Any:
 
 
 def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from lightning_triage.report import print_report
+    from lightning_triage.report.console import print_report
 
     report, path = _load(args.source, parser)
     _output(lambda: print_report(report, console=_console(), path=path))
@@ -158,8 +158,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _html(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from lightning_triage.report import HTML_NAME
-    from lightning_triage.report.files import write_file
+    from lightning_triage.report.files import HTML_NAME, write_file
     from lightning_triage.report.html import render_html
     from lightning_triage.report.schema import one_line
 
@@ -188,7 +187,7 @@ def _diff(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _print_diff(d: Mapping[str, Any], pa: Path, pb: Path) -> None:
     from rich.text import Text
 
-    from lightning_triage.report import plain
+    from lightning_triage.report.text import plain
 
     console = _console()
     console.print(Text(f"A: {plain(pa, 400)}\nB: {plain(pb, 400)}"))
