@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-triage", description=(__doc__ or "").replace("\n::\n", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    from lightning_triage import __version__
+    from lightning_triage._version import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

@@ -123,7 +123,7 @@ def run_info(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, An
     ``lightning-triage diff`` compares)."""
     import numpy
 
-    from lightning_triage import __version__
+    from lightning_triage._version import __version__
 
     strategy = trainer.strategy
     hparams: Any = {}
