@@ -6,6 +6,7 @@ counted: each module stands on the ones below it. ``callbacks/`` never reads the
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "lightning_triage"
@@ -47,6 +48,7 @@ def import_graph(sources: dict[str, tuple[str, bool]]) -> Graph:
     return {name: imports_of(text, name, pkg, modules) for name, (text, pkg) in sources.items()}
 
 
+@functools.cache  # parsed once for the tests below
 def package_graph() -> Graph:
     return import_graph({module_name(p): (p.read_text(encoding="utf-8"), p.name == "__init__.py")
                          for p in sorted(SRC.rglob("*.py"))})
