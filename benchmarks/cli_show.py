@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.report_samples import broken_report  # noqa: E402
 
-from lightning_triage.report import write_report  # noqa: E402
+from lightning_triage.report.files import write_report  # noqa: E402
 
 
 def many_findings(megabytes: float) -> dict[str, Any]:

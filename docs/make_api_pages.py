@@ -24,7 +24,9 @@ reference](../configuration.md) for every argument in one table.
 FINDINGS_HEAD = """# Findings and the report
 
 The `Finding` model, the registry of public codes (`CODES`) and the protocol's stages
-(`STAGES`); the report's JSON Schema and writers live in `lightning_triage.report`.
+(`STAGES`); the report lives in the package `lightning_triage.report`, one module per output
+(`build`, `text`, `markdown`, `html`, `plots`, `console`, `files`, `load`, `schema`, `safe`), and
+`lightning_triage.report` re-exports the names below.
 """
 
 FUNCTIONAL_HEAD = """# Functional core
@@ -38,10 +40,13 @@ read: `functional.data.rules`, `functional.structure_rules`, `functional.overfit
 
 REPORT_EXTRA = ["lightning_triage.findings.sort_findings", "lightning_triage.ranking.rank",
                 "lightning_triage.ranking.start_here",
-                "lightning_triage.report.REPORT_SCHEMA", "lightning_triage.report.build_report",
-                "lightning_triage.report.write_report", "lightning_triage.report.print_report",
-                "lightning_triage.report.render_markdown", "lightning_triage.report.load_report",
-                "lightning_triage.report.validate_report"]
+                "lightning_triage.report.schema.REPORT_SCHEMA",
+                "lightning_triage.report.build.build_report",
+                "lightning_triage.report.files.write_report",
+                "lightning_triage.report.console.print_report",
+                "lightning_triage.report.markdown.render_markdown",
+                "lightning_triage.report.load.load_report",
+                "lightning_triage.report.schema.validate_report"]
 
 
 def entry(path: str) -> str:

@@ -32,7 +32,7 @@ from lightning_triage import Triage
 from lightning_triage.demo import SCENARIOS, Scenario
 from lightning_triage.demo.broken import BROKEN_RUNS
 from lightning_triage.findings import CODES, stage_index
-from lightning_triage.report import remedy_line, trial_hint
+from lightning_triage.report.text import remedy_line, trial_hint
 
 
 def _runs() -> list[Scenario]:

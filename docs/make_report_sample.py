@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from lightning_triage.demo import SCENARIOS, run_scenario
-from lightning_triage.report import HTML_NAME
+from lightning_triage.report.files import HTML_NAME
 
 SCENARIO = "lr-50"
 OUT = Path(__file__).resolve().parent / "samples"

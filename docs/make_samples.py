@@ -42,7 +42,8 @@ def render(name: str, report: Mapping[str, Any], width: int) -> str:
     findings and the checks it skipped."""
     from rich.console import Console
 
-    from lightning_triage.report import HTML_NAME, print_report
+    from lightning_triage.report.console import print_report
+    from lightning_triage.report.files import HTML_NAME
 
     out = io.StringIO()
     print_report(report, console=Console(file=out, width=width, color_system=None, soft_wrap=False))

@@ -102,8 +102,8 @@ def assert_ran_and_passed(source: Any, *checks: str) -> None:
 
 
 def drawn_plot(plot: Callable[..., Any], report: Any) -> tuple[Any, tuple[int, int]] | None:
-    """The matplotlib figure ``plot`` (a function of :mod:`lightning_triage.plots`) draws for
-    ``report`` as :func:`lightning_triage.plots.draw` runs it (the HTML page's settings), and
+    """The matplotlib figure ``plot`` (a function of :mod:`lightning_triage.report.plots`) draws for
+    ``report`` as :func:`lightning_triage.report.plots.draw` runs it (the HTML page's settings), and
     the (width, height) in pixels of the image it returns; ``None`` when it draws nothing."""
     import base64
     import io
@@ -111,7 +111,7 @@ def drawn_plot(plot: Callable[..., Any], report: Any) -> tuple[Any, tuple[int, i
     from matplotlib.figure import Figure
     from matplotlib.image import imread
 
-    from lightning_triage import plots
+    from lightning_triage.report import plots
 
     figures: list[Any] = []
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_triage import report as report_module
 from lightning_triage.__main__ import main
+from lightning_triage.report import console as console_module
+from lightning_triage.report import load as load_module
 from lightning_triage.report import write_report
 from tests.report_samples import healthy_report
 
@@ -29,16 +30,16 @@ def test_a_report_larger_than_the_limit_is_refused(tmp_path: Path, command: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     write_report(healthy_report(), tmp_path, html=False)
     size = (tmp_path / "triage_report.json").stat().st_size
-    monkeypatch.setattr(report_module, "MAX_REPORT_BYTES", size - 1)
+    monkeypatch.setattr(load_module, "MAX_REPORT_BYTES", size - 1)
     assert f"larger than {size - 1} bytes" in _exit_2([command, str(tmp_path)], capsys)
-    monkeypatch.setattr(report_module, "MAX_REPORT_BYTES", size)
+    monkeypatch.setattr(load_module, "MAX_REPORT_BYTES", size)
     assert main(["show", str(tmp_path)]) == 0
 
 
 def test_the_documented_limit() -> None:
     import lightning_triage.__main__ as cli
 
-    assert report_module.MAX_REPORT_BYTES == 64 * 2**20
+    assert load_module.MAX_REPORT_BYTES == 64 * 2**20
     assert "64 MiB" in (cli.__doc__ or "")
 
 
@@ -52,7 +53,7 @@ def test_an_unexpected_error_exits_2_with_one_line(tmp_path: Path, error: Except
     def fails(*args: object, **kwargs: object) -> None:
         raise error
 
-    monkeypatch.setattr(report_module, "print_report", fails)
+    monkeypatch.setattr(console_module, "print_report", fails)
     assert type(error).__name__ in _exit_2(["show", str(tmp_path)], capsys)
 
 

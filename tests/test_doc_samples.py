@@ -66,7 +66,7 @@ def test_the_diverging_demo_plots_read_plainly(reports: dict[str, dict[str, Any]
     most: every tick label of its plots is a plain number at its position (no raw TeX such as
     ``$\\mathdefault{10^{35}}$``) and no axis title is cut at the image's edge."""
     pytest.importorskip("matplotlib")
-    from lightning_triage import plots
+    from lightning_triage.report import plots
     from tests.helpers import drawn_plot, plot_text_problems
 
     lr50 = reports["lr-50"]

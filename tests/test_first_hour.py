@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from lightning_triage.__main__ import diff_reports
-from lightning_triage.report_files import LOCK_NAME, directory_lock
+from lightning_triage.report.files import LOCK_NAME, directory_lock
 from tests.report_samples import healthy_report
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from lightning_triage.html import render_html
 from lightning_triage.report import write_report
+from lightning_triage.report.html import render_html
 from tests.report_samples import broken_report, healthy_report
 
 

@@ -1,4 +1,4 @@
-"""The HTML report's plots (lightning_triage.plots) write plain text on every axis, linear and
+"""The HTML report's plots (lightning_triage.report.plots) write plain text on every axis, linear and
 log: no math text shown raw, tick labels that read as the numbers at their positions, no axis
 title cut at the image's edge."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from lightning_triage import plots
+from lightning_triage.report import plots
 from tests.helpers import drawn_plot, plot_text_problems
 from tests.report_samples import broken_report, healthy_report
 

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-import warnings
-from pathlib import Path
-
-import pytest
-
 from lightning_triage.findings import CODES, Finding
 from lightning_triage.ranking import (
     EXPLANATIONS,
@@ -17,8 +11,6 @@ from lightning_triage.ranking import (
     role,
     start_here,
 )
-
-SRC = Path(__file__).parents[1] / "src" / "lightning_triage"
 
 
 def test_every_warning_and_error_code_has_a_role() -> None:
@@ -70,34 +62,3 @@ def test_an_unconfirmed_remedy_yields_to_the_others_of_its_stage() -> None:
     tried = Finding(**{**low.__dict__, "remedy": {"verdict": "not confirmed"}})
     assert rank([low, high])[1] == "curve.lr_too_low"
     assert rank([tried, high])[1] == "curve.lr_too_high"
-
-
-@pytest.mark.parametrize("module", ["explain", "suspicions"])
-def test_the_old_modules_are_deprecated_aliases(module: str) -> None:
-    import importlib
-    import sys
-
-    sys.modules.pop(f"lightning_triage.{module}", None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = importlib.import_module(f"lightning_triage.{module}")
-    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
-    from lightning_triage import ranking
-
-    for name in old.__all__:
-        assert getattr(old, name) is getattr(ranking, name)
-
-
-def test_the_package_imports_the_ranking_from_its_module() -> None:
-    """No module of the package goes through the deprecated aliases, and `findings` (below the
-    ranking) imports nothing of it: no import circle."""
-    for path in SRC.rglob("*.py"):
-        if path.name in ("explain.py", "suspicions.py") and path.parent == SRC:
-            continue
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                assert node.module not in ("lightning_triage.explain",
-                                           "lightning_triage.suspicions"), path
-                if path.name == "findings.py":
-                    assert node.module != "lightning_triage.ranking", path

@@ -15,8 +15,8 @@ import pytest
 from rich.console import Console
 
 from lightning_triage.__main__ import main
-from lightning_triage.html import CSP, render_html
 from lightning_triage.report import print_report, render_markdown, validate_report, write_report
+from lightning_triage.report.html import CSP, render_html
 from tests.hostile import EVIL, hostile_report
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "lightning_triage"
@@ -42,7 +42,7 @@ def test_html_shows_every_string_as_text() -> None:
 
 def test_a_plot_that_fails_falls_back_to_its_table(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("matplotlib")
-    import lightning_triage.html as html_mod
+    import lightning_triage.report.html as html_mod
 
     def broken(*args: object) -> str:
         raise RuntimeError("matplotlib broke")
@@ -60,7 +60,7 @@ def test_html_module_builds_markup_only_from_its_own_templates() -> None:
     """By construction: no f-string writes a tag, and `Markup(...)` wraps only literals of the
     module (a template, the CSS, a separator), so report text can only enter as an escaped
     argument."""
-    tree = ast.parse((SRC / "html.py").read_text())
+    tree = ast.parse((SRC / "report" / "html.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):
             literal = "".join(v.value for v in node.values if isinstance(v, ast.Constant))

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import lightning_triage.report_files as files
+import lightning_triage.report.files as files
 from lightning_triage.__main__ import main
 from lightning_triage.report import (
     HTML_NAME,
@@ -25,7 +25,7 @@ from lightning_triage.report import (
     stale_files,
     write_report,
 )
-from lightning_triage.report_files import read_run_id
+from lightning_triage.report.files import read_run_id
 from tests.report_samples import broken_report, healthy_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def _tables_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lightning_triage.html as html_mod
+    import lightning_triage.report.html as html_mod
 
     monkeypatch.setattr(html_mod, "_matplotlib", lambda: None)  # fast pages
 
@@ -79,7 +79,7 @@ def test_a_kill_between_two_files_is_told(tmp_path: Path, capsys: pytest.Capture
     # a second run is killed (SIGKILL: no cleanup) right after moving its JSON into place
     code = (
         "import os, sys\n"
-        "import lightning_triage.report_files as f\n"
+        "import lightning_triage.report.files as f\n"
         "from lightning_triage.report import write_report\n"
         "sys.path.insert(0, sys.argv[2])\n"
         "from tests.report_samples import broken_report\n"

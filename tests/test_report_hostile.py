@@ -14,7 +14,7 @@ from pathlib import Path
 import markdown
 import pytest
 
-import lightning_triage.html as html_module
+import lightning_triage.report.html as html_module
 from lightning_triage.__main__ import main
 from lightning_triage.errors import TriageReportError
 from lightning_triage.report import (
@@ -27,7 +27,7 @@ from lightning_triage.report import (
     render_markdown,
     write_report,
 )
-from lightning_triage.report_files import LOCK_NAME
+from lightning_triage.report.files import LOCK_NAME
 from tests.report_samples import broken_report, healthy_report
 
 ROOT = Path(__file__).resolve().parents[1]

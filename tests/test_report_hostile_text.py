@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from lightning_triage import plots
 from lightning_triage.__main__ import main
 from lightning_triage.errors import TriageReportError
 from lightning_triage.report import (
@@ -24,6 +23,7 @@ from lightning_triage.report import (
     JSON_NAME,
     MARKDOWN_NAME,
     load_report,
+    plots,
     print_report,
     stale_files,
     validate_report,
@@ -115,7 +115,7 @@ def test_plots_draw_a_bounded_number_of_marks(monkeypatch: pytest.MonkeyPatch) -
     pytest.importorskip("matplotlib")
     from matplotlib.axes import Axes
 
-    from lightning_triage.html import render_html
+    from lightning_triage.report.html import render_html
 
     drawn: list[float] = []
     real = Axes.axvline

@@ -17,7 +17,7 @@ import pytest
 from lightning_triage import TriageReportError
 from lightning_triage.__main__ import main
 from lightning_triage.report import REPORT_SCHEMA, load_report, validate_report, write_report
-from lightning_triage.schema import ANNOTATIONS, KEYWORDS, MAX_DEPTH
+from lightning_triage.report.schema import ANNOTATIONS, KEYWORDS, MAX_DEPTH
 from lightning_triage.testing import assert_no_findings
 from tests.hostile import hostile_report
 from tests.report_samples import broken_report, healthy_report
@@ -152,7 +152,7 @@ def test_assert_no_findings_validates_a_report_dict() -> None:
 
 
 def test_the_schema_ships_in_the_package_and_the_docs() -> None:
-    shipped = ROOT / "src" / "lightning_triage" / "report_schema.json"
+    shipped = ROOT / "src" / "lightning_triage" / "report" / "report_schema.json"
     assert json.loads(shipped.read_text()) == REPORT_SCHEMA
     assert "report_schema.json" in (ROOT / "docs" / "schema.md").read_text()
 

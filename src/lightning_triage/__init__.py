@@ -12,19 +12,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lightning_triage._version import __version__
 from lightning_triage.errors import TriageConfigError, TriageReportError
 from lightning_triage.findings import (
     CODES,
     STAGES,
     Finding,
 )
-from lightning_triage.report import TriageGateError
+from lightning_triage.report.build import TriageGateError
 
 if TYPE_CHECKING:  # the callbacks' names, for type checkers (`callbacks.__all__`)
     from lightning_triage.callbacks import *  # noqa: F403
-
-__version__ = "0.1.0.dev0"
-
 
 
 def __getattr__(name: str) -> Any:

@@ -75,7 +75,7 @@ def diff_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _exit(report: Mapping[str, Any], fail_on: str) -> int:
-    from lightning_triage.report import problems_at
+    from lightning_triage.report.build import problems_at
 
     if fail_on == "none":
         return 0
@@ -85,13 +85,13 @@ def _exit(report: Mapping[str, Any], fail_on: str) -> int:
 
 
 def _fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    from lightning_triage.schema import one_line
+    from lightning_triage.report.schema import one_line
 
     parser.exit(2, f"lightning-triage: error: {one_line(message)}\n")
 
 
 def _load(source: str, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], Path]:
-    from lightning_triage.report import find_report, load_report
+    from lightning_triage.report.load import find_report, load_report
 
     try:
         path = find_report(source)
@@ -114,7 +114,7 @@ def _console() -> Any:
 
 
 def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from lightning_triage.report import print_report
+    from lightning_triage.report.console import print_report
 
     report, path = _load(args.source, parser)
     _output(lambda: print_report(report, console=_console(), path=path))
@@ -158,10 +158,9 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _html(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from lightning_triage.html import render_html
-    from lightning_triage.report import HTML_NAME
-    from lightning_triage.report_files import write_file
-    from lightning_triage.schema import one_line
+    from lightning_triage.report.files import HTML_NAME, write_file
+    from lightning_triage.report.html import render_html
+    from lightning_triage.report.schema import one_line
 
     report, path = _load(args.source, parser)
     out = Path(args.output) if args.output else path.with_name(HTML_NAME)
@@ -188,7 +187,7 @@ def _diff(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _print_diff(d: Mapping[str, Any], pa: Path, pb: Path) -> None:
     from rich.text import Text
 
-    from lightning_triage.report import plain
+    from lightning_triage.report.text import plain
 
     console = _console()
     console.print(Text(f"A: {plain(pa, 400)}\nB: {plain(pb, 400)}"))
@@ -234,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-triage", description=(__doc__ or "").replace("\n::\n", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    from lightning_triage import __version__
+    from lightning_triage._version import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

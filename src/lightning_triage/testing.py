@@ -16,7 +16,7 @@ Example:
     >>> assert_no_findings(bad)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    lightning_triage.report.TriageGateError: lightning-triage found 1 finding(s) at severity ...
+    lightning_triage.report.build.TriageGateError: lightning-triage found 1 finding(s) at severity ...
     - error wiring.no_grad_params (step 0): Trainable parameters got no gradient
 """
 
@@ -28,14 +28,9 @@ from typing import Any
 
 import torch
 
-from lightning_triage.report import (
-    FailOn,
-    TriageGateError,
-    find_report,
-    load_report,
-    problems_at,
-    validate_report,
-)
+from lightning_triage.report.build import FailOn, TriageGateError, problems_at
+from lightning_triage.report.load import find_report, load_report
+from lightning_triage.report.schema import validate_report
 
 
 def assert_no_findings(report: Mapping[str, Any] | str | os.PathLike[str] | Any,

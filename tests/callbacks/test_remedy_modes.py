@@ -20,7 +20,7 @@ import lightning_triage.callbacks.eval_mode as eval_mode
 from lightning_triage import Triage, TriageConfigError
 from lightning_triage.findings import CODES
 from lightning_triage.functional.remedy import EvalPasses, decide_eval_remedy
-from lightning_triage.schema import REPORT_SCHEMA
+from lightning_triage.report.schema import REPORT_SCHEMA
 from tests.callbacks.eval_models import DigitsNet, digits_loaders
 from tests.helpers import make_trainer, seeds
 from tests.probe_models import Classifier, TrainInValidation, cnn, digits

@@ -19,10 +19,10 @@ from lightning_triage.functional.remedy import (
     symptom_reproduced,
     with_remedy,
 )
-from lightning_triage.html import render_html
 from lightning_triage.ranking import start_here
 from lightning_triage.report import build_report, print_report, remedy_line, render_markdown
-from lightning_triage.schema import validate_report
+from lightning_triage.report.html import render_html
+from lightning_triage.report.schema import validate_report
 from tests.report_samples import broken_report
 
 START = [2.30, 2.31, 2.29, 2.30, 2.32, 2.28]

@@ -26,7 +26,7 @@ from lightning_triage.findings import Finding, Severity
 from lightning_triage.functional.objective import library_code
 from lightning_triage.functional.verdict import Verdict
 from lightning_triage.ranking import SUSPICIONS
-from lightning_triage.report_safe import safe_str
+from lightning_triage.report.safe import safe_str
 
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
 #: A check whose detail starts with this did not do its work (the rest says why): its status is

@@ -29,17 +29,17 @@ from lightning_triage.callbacks._remedy import RemedyRecorder, verify_lead
 from lightning_triage.callbacks.base import TriageCallback, collect_checks
 from lightning_triage.findings import SEVERITIES, Finding, _jsonable, epoch_of_step
 from lightning_triage.ranking import settle_suspicions
-from lightning_triage.report import (
+from lightning_triage.report.build import (
     FailOn,
     ReportStatus,
     TriageGateError,
     build_report,
     minimal_report,
-    print_report,
-    render_markdown,
-    write_report,
 )
-from lightning_triage.report_safe import describe
+from lightning_triage.report.console import print_report
+from lightning_triage.report.files import write_report
+from lightning_triage.report.markdown import render_markdown
+from lightning_triage.report.safe import describe
 
 #: ``fail_on`` as the callbacks take it: a severity, or ``"none"`` / ``None`` for never (the
 #: command line's ``--fail-on none``).
@@ -123,7 +123,7 @@ def run_info(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, An
     ``lightning-triage diff`` compares)."""
     import numpy
 
-    from lightning_triage import __version__
+    from lightning_triage._version import __version__
 
     strategy = trainer.strategy
     hparams: Any = {}

@@ -105,7 +105,7 @@ def next_steps(report_root: str | Path, names: Sequence[str],
           2. read it with the command line, through the environment that ran the demo:
              .venv/bin/python -m lightning_triage show runs/demo/lr-50
     """
-    from lightning_triage.report import HTML_NAME
+    from lightning_triage.report.files import HTML_NAME
 
     here = Path(cwd or Path.cwd()).absolute()
     broken = [n for n in names if n == "lr-50"] + [

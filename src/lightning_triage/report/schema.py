@@ -39,7 +39,7 @@ ANNOTATIONS = frozenset({"$schema", "title", "description"})
 
 
 def _load_schema() -> dict[str, Any]:
-    text = resources.files("lightning_triage").joinpath("report_schema.json").read_text("utf-8")
+    text = resources.files("lightning_triage.report").joinpath("report_schema.json").read_text("utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema
 

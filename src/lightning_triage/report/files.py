@@ -1,5 +1,6 @@
-"""Writing report files safely: atomically, one run's files together, and telling when the files
-beside a report come from another run.
+"""Writing the report's files (:func:`write_report`: the JSON, the Markdown, the HTML) safely:
+atomically, one run's files together, and telling when the files beside a report come from
+another run.
 
 - Each file is written to a temporary name in its directory, flushed to disk, then moved onto
   its name with :func:`os.replace`: a reader sees the old file or the new one, never a torn one;
@@ -21,19 +22,30 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import json
 import os
 import re
 import secrets
-from collections.abc import Iterator, Mapping
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
+
+from lightning_triage.report.markdown import render_markdown
+from lightning_triage.report.safe import SafeNotes, describe, json_safe, terminal_text
+from lightning_triage.report.text import marker_id
 
 try:  # POSIX; elsewhere the files are still written atomically, one by one
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
+JSON_NAME = "triage_report.json"
+MARKDOWN_NAME = "triage_report.md"
+HTML_NAME = "triage_report.html"
 LOCK_NAME = ".triage_report.lock"
+#: The run id in a file's marker (:func:`~lightning_triage.report.text.run_id_marker`).
 _RUN_ID = re.compile(r'lightning-triage-run-id(?:: |" content=")([0-9A-Za-z_-]{1,64})')
 
 
@@ -142,33 +154,6 @@ def write_file(path: Path, text: str) -> None:
         raise
 
 
-_SAFE_ID = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")
-
-
-def marker_id(run_id: str) -> str:
-    """``run_id`` as the files carry it: as it is when it is 1-64 characters of
-    ``[0-9A-Za-z_-]``, else ``sha256-`` and 40 hex digits of its SHA-256 (a custom id with any
-    other character still ties the files of one write together).
-
-    Example:
-        >>> marker_id("3f2a"), marker_id("my run/1")[:14]
-        ('3f2a', 'sha256-7e01178')
-    """
-    if _SAFE_ID.match(run_id):
-        return run_id
-    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"sha256-{digest[:40]}"
-
-
-def run_id_marker(run_id: str, kind: str) -> str:
-    """The line that carries ``run_id`` (:func:`marker_id`) in a Markdown (``kind="md"``) or
-    HTML file."""
-    shown = marker_id(run_id)
-    if kind == "md":
-        return f"<!-- lightning-triage-run-id: {shown} -->"
-    return f'<meta name="lightning-triage-run-id" content="{shown}">'
-
-
 def read_run_id(path: Path) -> str | None:
     """The run id a Markdown or HTML report carries in its first 4 KiB, or ``None``."""
     try:
@@ -193,5 +178,98 @@ def other_runs(json_path: Path, run_id: str | None, names: tuple[str, ...]) -> l
     return out
 
 
-__all__ = ["directory_lock", "marker_id", "other_runs", "read_run_id", "run_id_marker", "stage",
-           "write_file", "write_files"]
+# ---------------------------------------------------------------------------- the report's files
+def with_run_id(report: Mapping[str, Any]) -> dict[str, Any]:
+    """``report`` with a ``run.run_id`` (a new random one if it has none)."""
+    run = dict(report.get("run", {}))
+    run.setdefault("run_id", uuid.uuid4().hex)
+    return {**report, "run": run}
+
+
+def write_report(report: Mapping[str, Any], directory: str | Path, *,
+                 html: bool = True) -> list[Path]:
+    """Write ``triage_report.json``, ``triage_report.md`` and (``html``) the self-contained
+    ``triage_report.html`` into ``directory``; return the paths written, the JSON first.
+
+    The JSON is the source of truth: the report is first made safe to write
+    (:func:`~lightning_triage.report.safe.json_safe`: lone surrogates replaced, integers no JSON
+    reader holds written as strings, each change counted in ``notes``), then the Markdown and
+    the HTML are rendered from the JSON's own data, each on its own: a renderer that fails
+    leaves the other files, says so on stderr and in the JSON's ``notes``, and removes its
+    file of an earlier run. The files carry the report's ``run.run_id`` (one is added when the
+    report has none) and are written atomically, the JSON first, under the directory's lock
+    (:mod:`lightning_triage.report.files`): a failed write leaves the previous file as it was,
+    and two writers to one directory do not mix files.
+
+    Raises:
+        OSError: when the JSON cannot be written (a Markdown or HTML file that cannot be
+            written is told on stderr and left out).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    changes = SafeNotes()
+    data = json_safe(with_run_id(report), changes)
+    # the renderers read what a reader of the JSON reads
+    data = json.loads(json.dumps(data, allow_nan=False))
+    notes = [str(n) for n in data.get("notes", []) if isinstance(n, str)] \
+        if isinstance(data.get("notes"), list) else []
+    notes += changes.notes()
+    renderers: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
+        (MARKDOWN_NAME, render_markdown)]
+    if html:
+        from lightning_triage.report.html import render_html
+
+        renderers.append((HTML_NAME, render_html))
+    staged: dict[Path, Path] = {}
+    failed: list[Path] = []
+    try:
+        for name, render in renderers:
+            try:
+                text = render(data)
+                staged[directory / name] = stage(directory / name, text)
+            except Exception as exc:  # one renderer's failure costs only its own file
+                problem = f"{name} was not written: {type(exc).__name__}: {describe(exc)[:300]}"
+                notes.append(problem)
+                failed.append(directory / name)
+                print(f"lightning-triage: {terminal_text(problem)}", file=sys.stderr)
+        if notes:
+            data["notes"] = notes
+        json_text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+        json_tmp = stage(directory / JSON_NAME, json_text)
+        with directory_lock(directory):
+            os.replace(json_tmp, directory / JSON_NAME)
+            for path in list(staged):
+                os.replace(staged.pop(path), path)
+            for path in failed:  # never leave an earlier run's file beside this report
+                with contextlib.suppress(OSError):
+                    if path.is_file() and not path.is_symlink():
+                        path.unlink()
+    finally:
+        for tmp in staged.values():
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    names = [MARKDOWN_NAME] + ([HTML_NAME] if html else [])
+    return [directory / JSON_NAME] + [directory / n for n in names if directory / n not in failed]
+
+
+def stale_files(json_path: Path, report: Mapping[str, Any]) -> list[Path]:
+    """The Markdown and HTML files beside ``json_path`` written by another run than ``report``
+    (a run killed between its files, or files copied together from different runs)."""
+    return other_runs(Path(json_path), report.get("run", {}).get("run_id"),
+                      (MARKDOWN_NAME, HTML_NAME))
+
+
+__all__ = [
+    "HTML_NAME",
+    "JSON_NAME",
+    "MARKDOWN_NAME",
+    "directory_lock",
+    "other_runs",
+    "read_run_id",
+    "stage",
+    "stale_files",
+    "with_run_id",
+    "write_file",
+    "write_files",
+    "write_report",
+]

@@ -32,21 +32,20 @@ from typing import Any
 from markupsafe import Markup
 
 from lightning_triage.findings import STAGE_QUESTIONS, STAGES, stage_index
-from lightning_triage.plots import SEV_COLOR as _SEV_COLOR
-from lightning_triage.plots import batch_images as _batch_images
-from lightning_triage.plots import chance_level as _chance
-from lightning_triage.plots import curve_verdict as _curve_verdict
-from lightning_triage.plots import draw as _draw
-from lightning_triage.plots import figure_class as _matplotlib
-from lightning_triage.plots import grad_plot as _grad_plot
-from lightning_triage.plots import init_plot as _init_plot
-from lightning_triage.plots import initial_loss as _initial_loss
-from lightning_triage.plots import loss_plot as _loss_plot
-from lightning_triage.plots import remedy_plot as _remedy_plot
-from lightning_triage.plots import remedy_trial as _remedy_trial
-from lightning_triage.report import lead_trial, trial_hint
-from lightning_triage.report_files import marker_id
-from lightning_triage.report_safe import visible
+from lightning_triage.report.plots import SEV_COLOR as _SEV_COLOR
+from lightning_triage.report.plots import batch_images as _batch_images
+from lightning_triage.report.plots import chance_level as _chance
+from lightning_triage.report.plots import curve_verdict as _curve_verdict
+from lightning_triage.report.plots import draw as _draw
+from lightning_triage.report.plots import figure_class as _matplotlib
+from lightning_triage.report.plots import grad_plot as _grad_plot
+from lightning_triage.report.plots import init_plot as _init_plot
+from lightning_triage.report.plots import initial_loss as _initial_loss
+from lightning_triage.report.plots import loss_plot as _loss_plot
+from lightning_triage.report.plots import remedy_plot as _remedy_plot
+from lightning_triage.report.plots import remedy_trial as _remedy_trial
+from lightning_triage.report.safe import visible
+from lightning_triage.report.text import lead_trial, marker_id, trial_hint
 
 _STATUS_COLOR = {"passed": "#1e8449", "failed": "#c0392b", "skipped": "#7f8c8d",
                  "error": "#8e44ad", "not run": "#7f8c8d"}

@@ -3,7 +3,7 @@
 Each plot function takes the Figure class and the report and returns a ``data:`` URI, or
 ``None`` when there is nothing to draw. :func:`draw` runs one with labels as plain text (no
 math text, no TeX: a module named ``$x^$`` is a label, not a formula) and reports a failure
-instead of raising, so that :mod:`lightning_triage.html` can show the plot's table instead.
+instead of raising, so that :mod:`lightning_triage.report.html` can show the plot's table instead.
 """
 
 from __future__ import annotations
