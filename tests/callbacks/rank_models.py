@@ -13,6 +13,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset, TensorDataset
 
 N, DIM, BATCH = 64, 8, 8
+#: The batch of rank 0 whose loss spikes (``skip_spikes``), and the loss a step is skipped above.
+SPIKE_BATCH, SPIKE_LOSS = 2, 3.0
 
 
 def dataset() -> TensorDataset:
@@ -58,11 +60,17 @@ class RankNet(pl.LightningModule):
         perturb_at: the optimizer step after which rank 1 moves a weight outside the step.
         norm: with a batch norm (``SyncBatchNorm`` needs a GPU: a CPU twin leaves it out).
         sync_dist: log ``val_loss`` with ``sync_dist`` (each rank validates its own shard).
+        skip_spikes: ``"rank"`` skips the optimizer step when this rank's own loss spikes
+            (a decision taken on one rank), ``"all"`` when any rank's does (decided through
+            ``reduce_boolean_decision``: the fixed twin); the spike is an outlier batch on
+            rank 0 at batch :data:`SPIKE_BATCH` (inputs times 100).
     """
 
     def __init__(self, loader: str = "default", exposed: bool = True,
-                 perturb_at: int | None = None, norm: bool = True, sync_dist: bool = True) -> None:
+                 perturb_at: int | None = None, norm: bool = True, sync_dist: bool = True,
+                 skip_spikes: str | None = None) -> None:
         super().__init__()
+        self.skip_spikes = skip_spikes
         self.net = nn.Sequential(nn.Linear(DIM, 16), nn.BatchNorm1d(16) if norm else nn.Identity(),
                                  nn.ReLU(), nn.Linear(16, 2))
         self.loader = loader
@@ -72,7 +80,21 @@ class RankNet(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         x, y = batch
+        if self.skip_spikes and self.global_rank == 0 and batch_idx == SPIKE_BATCH:
+            x = x * 100.0  # an outlier batch on rank 0 only: its loss spikes there
         return F.cross_entropy(self.net(x), y)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
+                       optimizer_closure: Any = None) -> None:
+        if self.skip_spikes is None:
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        loss = optimizer_closure()  # training_step and backward: the gradients are averaged
+        spiked = bool(loss.detach() > SPIKE_LOSS)  # this rank's own loss
+        if self.skip_spikes == "all":  # the fix: every rank takes the same decision
+            spiked = self.trainer.strategy.reduce_boolean_decision(spiked, all=False)
+        if not spiked:
+            optimizer.step()
+        return None
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
