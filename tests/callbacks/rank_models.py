@@ -59,7 +59,8 @@ class RankNet(pl.LightningModule):
             batches on rank 0, 4 on rank 1).
         perturb_at: the optimizer step after which rank 1 moves a weight outside the step.
         norm: with a batch norm (``SyncBatchNorm`` needs a GPU: a CPU twin leaves it out).
-        sync_dist: log ``val_loss`` with ``sync_dist`` (each rank validates its own shard).
+        sync_dist: log ``val_loss`` (monitored in some tests) and ``val_confidence`` (never
+            monitored) with ``sync_dist`` (each rank validates its own shard).
         skip_spikes: ``"rank"`` skips the optimizer step when this rank's own loss spikes
             (a decision taken on one rank), ``"all"`` when any rank's does (decided through
             ``reduce_boolean_decision``: the fixed twin); the spike is an outlier batch on
@@ -98,7 +99,10 @@ class RankNet(pl.LightningModule):
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
-        self.log("val_loss", F.cross_entropy(self.net(x), y), sync_dist=self.sync_dist)
+        logits = self.net(x)
+        self.log("val_loss", F.cross_entropy(logits, y), sync_dist=self.sync_dist)
+        # nothing monitors it: unsynced, only what is shown is one rank's
+        self.log("val_confidence", logits.softmax(-1).amax(-1).mean(), sync_dist=self.sync_dist)
 
     def val_dataloader(self) -> DataLoader[Any]:
         data = dataset()  # sharded by hand, whatever `use_distributed_sampler` says

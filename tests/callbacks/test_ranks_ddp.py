@@ -69,10 +69,16 @@ def test_same_data_on_every_rank_and_a_replica_edited_on_one_rank(tmp_path: Path
     assert "data.ranks_overlap" not in found and "data.order_not_reshuffled" not in found
     # one finding per fit, from rank 0, though both ranks judged
     assert sum(f["code"] == "data.ranks_same_data" for f in report["findings"]) == 1
-    metric = found["mode.unsynced_metric"]
-    assert metric["evidence"]["metric"] == "val_loss"
+    metrics = {f["evidence"]["metric"]: f for f in report["findings"]
+               if f["code"] == "mode.unsynced_metric"}
+    assert set(metrics) == {"val_loss", "val_confidence"}
+    metric = metrics["val_loss"]  # monitored: a warning
+    assert metric["severity"] == "warning"
     assert metric["evidence"]["monitored_by"] == ["ModelCheckpoint"]
     assert len(set(metric["evidence"]["values"])) == 2
+    unmonitored = metrics["val_confidence"]  # nothing reads it: info
+    assert unmonitored["severity"] == "info" and unmonitored["evidence"]["monitored_by"] == []
+    assert "Nothing monitors it" in unmonitored["message"]
 
 
 @pytest.mark.slow
@@ -160,3 +166,4 @@ def test_a_skip_decided_on_every_rank_is_silent(tmp_path: Path) -> None:
     assert report is not None
     assert not _found(report)
     assert _status(report, "ReplicaCheck") == "passed"
+
