@@ -130,3 +130,20 @@ class RankNet(pl.LightningModule):
         inner = DistributedSampler(data, num_replicas=self.trainer.world_size,
                                    rank=self.global_rank, shuffle=True, seed=seed)
         return DataLoader(data, batch_sampler=BucketBatchSampler(inner, BATCH, self.exposed))
+
+
+class CrashingNet(RankNet):
+    """Rank 1 alone: logits 50 times too large (`init.loss_above_chance`, seen only there),
+    then an exception at batch :data:`CRASH_BATCH`."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        if self.global_rank != 1:
+            return super().training_step(batch, batch_idx)
+        if batch_idx == CRASH_BATCH:
+            raise RuntimeError("rank 1 fails here")
+        x, y = batch
+        return F.cross_entropy(self.net(x) * 50.0, y)
+
+
+#: The batch at which :class:`CrashingNet` raises on rank 1.
+CRASH_BATCH = 2
