@@ -240,12 +240,13 @@ class TriageReport(Callback):
     report (``.triage_rank<N>.json``), and rank 0 merges those it finds (waiting up to 2 s) and
     names the ranks that left none (``run.ranks_missing``, info).
 
-    Its own finding: ``run.unseeded`` (info: no ``seed_everything`` call was seen before the
-    fit). Findings reach the trainer's loggers as they happen (``log_findings``): every logger gets
-    the running counts ``triage/findings_error``, ``triage/findings_warning`` and
-    ``triage/findings_info`` through ``log_metrics`` at the finding's step, and a
-    ``TensorBoardLogger`` also gets the finding as text (tag ``triage/findings``); at the end
-    the same counts and, on TensorBoard, the Markdown report (tag ``triage/summary``).
+    Its own findings: ``run.ranks_missing`` (info, above) and ``run.unseeded`` (info: no
+    ``seed_everything`` call was seen before the fit). Findings reach the trainer's loggers as
+    they happen (``log_findings``): every logger gets the running counts
+    ``triage/findings_error``, ``triage/findings_warning`` and ``triage/findings_info``
+    through ``log_metrics`` at the finding's step, and a ``TensorBoardLogger`` also gets the
+    finding as text (tag ``triage/findings``); at the end the same counts and, on TensorBoard,
+    the Markdown report (tag ``triage/summary``).
 
     Args:
         report_dir: where to write; default the trainer's ``log_dir``, else ``default_root_dir``.
@@ -287,7 +288,7 @@ class TriageReport(Callback):
 
     #: The report owns the run-settings context codes (``run.*``), which it builds itself.
     stage: ClassVar[str] = "run"
-    codes: ClassVar[tuple[str, ...]] = ("run.unseeded",)
+    codes: ClassVar[tuple[str, ...]] = ("run.unseeded", "run.ranks_missing")
 
     def __init__(self, *, report_dir: str | os.PathLike[str] | None = None, verbose: bool = True,
                  html: bool = True, log_findings: bool = True, fail_on: GateOn | None = None,
