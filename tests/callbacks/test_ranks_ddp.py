@@ -69,10 +69,16 @@ def test_same_data_on_every_rank_and_a_replica_edited_on_one_rank(tmp_path: Path
     assert "data.ranks_overlap" not in found and "data.order_not_reshuffled" not in found
     # one finding per fit, from rank 0, though both ranks judged
     assert sum(f["code"] == "data.ranks_same_data" for f in report["findings"]) == 1
-    metric = found["mode.unsynced_metric"]
-    assert metric["evidence"]["metric"] == "val_loss"
+    metrics = {f["evidence"]["metric"]: f for f in report["findings"]
+               if f["code"] == "mode.unsynced_metric"}
+    assert set(metrics) == {"val_loss", "val_confidence"}
+    metric = metrics["val_loss"]  # monitored: a warning
+    assert metric["severity"] == "warning"
     assert metric["evidence"]["monitored_by"] == ["ModelCheckpoint"]
     assert len(set(metric["evidence"]["values"])) == 2
+    unmonitored = metrics["val_confidence"]  # nothing reads it: info
+    assert unmonitored["severity"] == "info" and unmonitored["evidence"]["monitored_by"] == []
+    assert "Nothing monitors it" in unmonitored["message"]
 
 
 @pytest.mark.slow
@@ -137,3 +143,27 @@ def test_uneven_shards_are_named_before_the_short_rank_runs_out(tmp_path: Path) 
     uneven = _found(report)["data.ranks_uneven_batches"]
     assert uneven["evidence"]["batches"] == [5, 4] and uneven["global_step"] == 0
     assert "data.ranks_same_data" not in _found(report)
+
+
+@pytest.mark.slow
+def test_a_step_skipped_on_rank_0_only_is_named(tmp_path: Path) -> None:
+    """Rank 0 skips `optimizer.step()` when its own loss spikes (an outlier batch on rank 0):
+    the replicas drift from that step, and the finding names the ranks' step counts as the
+    cause (the checks are scheduled by batches, so the ranks still meet at every collective)."""
+    report, _ = _fit(tmp_path, RankNet(norm=False, skip_spikes="rank"), epochs=1)
+    assert report is not None
+    drift = _found(report)["wiring.replicas_differ"]
+    assert drift["evidence"]["optimizer_steps"] == [3, 4]  # 4 batches, one skipped on rank 0
+    assert drift["evidence"]["checked_at"] == 4  # the final check (`global_step` counts hooks)
+    assert "skipped a step" in drift["message"] and "reduce_boolean_decision" in drift["message"]
+    assert report["start_here"] == "wiring.replicas_differ"
+
+
+@pytest.mark.slow
+def test_a_skip_decided_on_every_rank_is_silent(tmp_path: Path) -> None:
+    """The twin: the same spike, the skip decided through `reduce_boolean_decision`."""
+    report, _ = _fit(tmp_path, RankNet(norm=False, skip_spikes="all"), epochs=1)
+    assert report is not None
+    assert not _found(report)
+    assert _status(report, "ReplicaCheck") == "passed"
+

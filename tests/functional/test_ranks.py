@@ -164,3 +164,29 @@ def test_a_monitored_metric_that_differs_between_ranks_is_named() -> None:
     assert v.code == "mode.unsynced_metric" and v.evidence["metric"] == "val_loss"
     assert v.evidence["monitored_by"] == ["ModelCheckpoint", "EarlyStopping"]
     assert unsynced_rule([{"val_loss": 0.5}, {}], monitored, step=1) == []  # not logged everywhere
+
+
+def test_replicas_apart_after_a_step_skipped_on_one_rank_name_the_step_counts() -> None:
+    net = nn.Linear(2, 2)
+    entries = replica_entries(net)
+    a = checksums(entries)
+    with torch.no_grad():
+        net.weight.add_(0.1)
+    rows = torch.stack([a, checksums(entries)])
+    (v,) = replicas_rule(entries, rows, differing(rows), step=4, when="at step 4", steps=[3, 4])
+    assert v.evidence["optimizer_steps"] == [3, 4]
+    assert "ranks [0] skipped a step" in v.message and "reduce_boolean_decision" in v.message
+    (same,) = replicas_rule(entries, rows, differing(rows), step=4, when="at step 4", steps=[4, 4])
+    assert "skipped" not in same.message
+
+
+def test_an_unmonitored_validation_metric_that_differs_is_info() -> None:
+    from lightning_triage.functional.metric_sync import unsynced_rule
+
+    values = [{"val_loss": 0.5, "val_f1": 0.6}, {"val_loss": 0.7, "val_f1": 0.8}]
+    verdicts = unsynced_rule(values, {"val_loss": ["EarlyStopping"]}, step=3,
+                             logged=["val_loss", "val_f1"])
+    assert [(v.evidence["metric"], v.severity) for v in verdicts] == [
+        ("val_loss", None), ("val_f1", "info")]  # monitored: the registry's warning
+    assert verdicts[1].evidence["monitored_by"] == []
+    assert unsynced_rule([{"val_f1": 0.6}, {"val_f1": 0.6}], {}, step=3, logged=["val_f1"]) == []

@@ -25,6 +25,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_triage.callbacks._args import check_bool, check_choice, fail
+from lightning_triage.callbacks._rank_files import (
+    merge_rank_files,
+    remove_rank_files,
+    write_rank_file,
+)
 from lightning_triage.callbacks._remedy import RemedyRecorder, verify_lead
 from lightning_triage.callbacks.base import TriageCallback, collect_checks
 from lightning_triage.findings import SEVERITIES, Finding, _jsonable, epoch_of_step
@@ -230,15 +235,18 @@ class TriageReport(Callback):
     Writes ``triage_report.json`` (schema ``lightning-triage/report/1``) and
     ``triage_report.md`` into ``report_dir`` at the end of fit, and also when fit crashes or is
     interrupted (``status`` says which), and prints a summary that leads with "start here".
-    Under DDP the findings of every rank are gathered and rank 0 writes the files (on a crash,
-    without collectives: the crashing rank's findings only).
+    Under DDP the findings of every rank are gathered and rank 0 writes the files. On a crash
+    no collective is called: every other rank leaves its findings in a rank file beside the
+    report (``.triage_rank<N>.json``), and rank 0 merges those it finds (waiting up to 2 s) and
+    names the ranks that left none (``run.ranks_missing``, info).
 
-    Its own finding: ``run.unseeded`` (info: no ``seed_everything`` call was seen before the
-    fit). Findings reach the trainer's loggers as they happen (``log_findings``): every logger gets
-    the running counts ``triage/findings_error``, ``triage/findings_warning`` and
-    ``triage/findings_info`` through ``log_metrics`` at the finding's step, and a
-    ``TensorBoardLogger`` also gets the finding as text (tag ``triage/findings``); at the end
-    the same counts and, on TensorBoard, the Markdown report (tag ``triage/summary``).
+    Its own findings: ``run.ranks_missing`` (info, above) and ``run.unseeded`` (info: no
+    ``seed_everything`` call was seen before the fit). Findings reach the trainer's loggers as
+    they happen (``log_findings``): every logger gets the running counts
+    ``triage/findings_error``, ``triage/findings_warning`` and ``triage/findings_info``
+    through ``log_metrics`` at the finding's step, and a ``TensorBoardLogger`` also gets the
+    finding as text (tag ``triage/findings``); at the end the same counts and, on TensorBoard,
+    the Markdown report (tag ``triage/summary``).
 
     Args:
         report_dir: where to write; default the trainer's ``log_dir``, else ``default_root_dir``.
@@ -280,7 +288,7 @@ class TriageReport(Callback):
 
     #: The report owns the run-settings context codes (``run.*``), which it builds itself.
     stage: ClassVar[str] = "run"
-    codes: ClassVar[tuple[str, ...]] = ("run.unseeded",)
+    codes: ClassVar[tuple[str, ...]] = ("run.unseeded", "run.ranks_missing")
 
     def __init__(self, *, report_dir: str | os.PathLike[str] | None = None, verbose: bool = True,
                  html: bool = True, log_findings: bool = True, fail_on: GateOn | None = None,
@@ -312,6 +320,7 @@ class TriageReport(Callback):
         self._build_error: Finding | None = None
         #: ``(global_step, epoch)`` at each training epoch's start: a finding's epoch is its step's
         self._epoch_starts: list[tuple[int, int]] = []
+        self._exception: BaseException | None = None
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -324,6 +333,9 @@ class TriageReport(Callback):
         # `log_dir` broadcasts: every rank calls it here, never on the crash path
         directory = Path(self.report_dir or trainer.log_dir or trainer.default_root_dir)
         error = _check_writable(directory) if trainer.is_global_zero else None
+        if error is None and trainer.is_global_zero and trainer.world_size > 1:
+            remove_rank_files(directory)  # an earlier fit's (before any rank of this one writes)
+        self._exception = None
         if not trainer.strategy.reduce_boolean_decision(error is None, all=True):
             message = (f"`report_dir` {str(directory)!r} is not writable ({error or 'on rank 0'})"
                        ": pass a directory lightning-triage can create files in.")
@@ -464,6 +476,13 @@ class TriageReport(Callback):
     def _build_and_write(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                          status: ReportStatus, gather: bool, directory: Path) -> None:
         checks, findings = self._held_findings(trainer, gather)
+        notes: list[str] = []
+        if not gather and trainer.world_size > 1 and not self._no_files:
+            if not trainer.is_global_zero:  # no collective on a crash: a file beside the report
+                write_rank_file(directory, int(trainer.global_rank), status,
+                                int(trainer.global_step), self._exception, findings)
+            else:
+                findings, notes = merge_rank_files(directory, int(trainer.world_size), findings)
         if global_seed() is None:
             findings.append(unseeded_finding())
         self._gate_findings = list(findings)
@@ -486,7 +505,7 @@ class TriageReport(Callback):
                                    TRIAL_INTERRUPTED_NOTE)
                 self._write_files(directory)
                 raise
-        self._build_report(trainer, pl_module, status, checks, findings)
+        self._build_report(trainer, pl_module, status, checks, findings, *notes)
         self._write_files(directory)
         for step in (self._print, self._log_summary):
             try:
@@ -608,6 +627,7 @@ class TriageReport(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         interrupted = isinstance(exception, (KeyboardInterrupt, SIGTERMException))
+        self._exception = exception
         self._write(trainer, pl_module, "interrupted" if interrupted else "crashed", gather=False)
         if interrupted and self.fail_on not in (None, "none") and self._resolved_dir is not None:
             self._fail_interrupted(trainer, exception)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from lightning_triage.codes.spec import CodeSpec, spec
 
 SPECS: tuple[CodeSpec, ...] = (
-    spec("mode.unsynced_metric", "warning", "A monitored metric differs between ranks",
+    spec("mode.unsynced_metric", "warning", "A validation metric differs between ranks",
          "Log it with `self.log(..., sync_dist=True)` (or log a torchmetrics `Metric`, which "
          "syncs itself): otherwise each rank holds the mean of its own validation shard and "
          "the checkpoint or early-stopping callback decides from one rank's data.",
          when="Under several ranks, a metric that a `ModelCheckpoint` or `EarlyStopping` "
-              "monitors holds different values on the ranks at the end of a validation run."),
+              "monitors holds different values on the ranks at the end of a validation run "
+              "(info for a metric logged in validation that nothing monitors)."),
     spec("curve.not_learning", "error", "The loss does not move",
          "The loss stays at its step-0 value: check the learning rate (0?), that the optimizer "
          "steps, that inputs are not all zero and that gradients reach the parameters.",

@@ -23,18 +23,26 @@ RTOL = 1e-6
 
 
 def unsynced_rule(values: Sequence[Mapping[str, float]], monitored: Mapping[str, Sequence[str]],
-                  step: int, ranks: Sequence[int] | None = None) -> list[Verdict]:
-    """``mode.unsynced_metric`` for each monitored metric whose value differs between ranks
-    (``values``: one ``{name: value}`` per rank; ``monitored``: name -> the callbacks that
-    monitor it).
+                  step: int, ranks: Sequence[int] | None = None,
+                  logged: Sequence[str] = ()) -> list[Verdict]:
+    """``mode.unsynced_metric`` for each metric whose value differs between ranks (``values``:
+    one ``{name: value}`` per rank; ``monitored``: name -> the callbacks that monitor it;
+    ``logged``: the other metrics logged in the validation run). A warning for a monitored
+    metric (the callbacks decide from one rank's shard); info for one nothing monitors (only
+    what is logged and shown is one rank's).
 
     Example:
         >>> unsynced_rule([{"acc": 0.5}, {"acc": 0.5}], {"acc": ["EarlyStopping"]}, step=1)
         []
+        >>> v = unsynced_rule([{"f1": 0.5}, {"f1": 0.6}], {}, step=1, logged=["f1"])
+        >>> v[0].severity, v[0].evidence["monitored_by"]
+        ('info', [])
     """
     names = list(ranks) if ranks is not None else list(range(len(values)))
+    readers_of = {**{m: list(r) for m, r in monitored.items()},
+                  **{m: [] for m in logged if m not in monitored}}
     verdicts = []
-    for metric, readers in monitored.items():
+    for metric, readers in readers_of.items():
         seen = [v.get(metric) for v in values]
         if len(seen) < 2 or any(x is None or x != x for x in seen):
             continue
@@ -42,13 +50,20 @@ def unsynced_rule(values: Sequence[Mapping[str, float]], monitored: Mapping[str,
         spread = max(got) - min(got)
         if spread <= RTOL * max(abs(x) for x in got):
             continue
+        shown = [float(f'{x:.6g}') for x in got]
+        if readers:
+            message = (f"`{metric}` differs between ranks {names} at step {step}: {shown}: it "
+                       f"is logged without `sync_dist=True`, so "
+                       f"{' and '.join(f'`{r}`' for r in readers)} decide(s) from one rank's "
+                       "shard of the validation data.")
+        else:
+            message = (f"`{metric}` differs between ranks {names} at step {step}: {shown}: it "
+                       "is logged without `sync_dist=True`, so the value logged and shown is "
+                       "rank 0's shard of the validation data. Nothing monitors it (no "
+                       "`ModelCheckpoint` or `EarlyStopping`): no decision depends on it.")
         verdicts.append(Verdict(
-            "mode.unsynced_metric", step,
-            f"`{metric}` differs between ranks {names} at step {step}: "
-            f"{[float(f'{x:.6g}') for x in got]}: it is logged without `sync_dist=True`, so "
-            f"{' and '.join(f'`{r}`' for r in readers)} decide(s) from one rank's shard of the "
-            "validation data.",
-            evidence={"metric": metric, "ranks": names, "values": got, "monitored_by": list(readers)}))
+            "mode.unsynced_metric", step, message, severity=None if readers else "info",
+            evidence={"metric": metric, "ranks": names, "values": got, "monitored_by": readers}))
     return verdicts
 
 

@@ -112,13 +112,30 @@ def _ranks_apart(rows: Tensor, index: int, ranks: Sequence[int], rtol: float) ->
             if bool(((rows[r, index] - ref).abs() > rtol * scale).any())]
 
 
+def _steps_cause(steps: Sequence[int] | None, ranks: Sequence[int]) -> str:
+    """The cause when the ranks took different numbers of optimizer steps ("" otherwise)."""
+    if not steps or len(set(steps)) < 2:
+        return ""
+    fewest = min(steps)
+    behind = [r for r, s in zip(ranks, steps, strict=True) if s == fewest]
+    return (f" The ranks {list(ranks)} took {list(steps)} optimizer steps over the same "
+            f"batches: ranks {behind} skipped a step the others took. Likely cause: a decision "
+            "taken from one rank's own values (its loss, its gradient norm: skipping the batch "
+            "whose loss spiked) skips `optimizer.step()` on that rank only; the gradients are "
+            "still averaged, so the replicas drift apart from there. Decide on every rank alike "
+            "(`trainer.strategy.reduce_boolean_decision`, or from a synced value).")
+
+
 def replicas_rule(entries: Sequence[ReplicaEntry], rows: Tensor, indices: Sequence[int], *,
                   step: int, when: str, ranks: Sequence[int] | None = None,
-                  rtol: float = RTOL, rebroadcast: bool = False) -> list[Verdict]:
+                  rtol: float = RTOL, rebroadcast: bool = False,
+                  steps: Sequence[int] | None = None) -> list[Verdict]:
     """``wiring.replicas_differ`` for the first parameter among ``indices`` (the differing
     tensors), ``wiring.buffers_differ`` for the first buffer (info when every differing buffer
     holds normalization statistics, or when the wrapper broadcasts rank 0's buffers at each
     forward: ``rebroadcast``, DDP's ``broadcast_buffers=True``). ``rows`` are on the host.
+    ``steps``: each rank's ``optimizer.step()`` count at the check; when they differ, the parameter
+    finding names the ranks that skipped a step (a decision taken on one rank).
 
     Example:
         >>> net = nn.Linear(2, 1)
@@ -140,11 +157,12 @@ def replicas_rule(entries: Sequence[ReplicaEntry], rows: Tensor, indices: Sequen
             f"{when}: parameter `{entries[i].name}` differs between ranks (sum "
             f"{_values(rows, i, 0)} across ranks {ranks}); ranks {apart} differ from rank 0. "
             f"{len(params)} of the {sum(not e.buffer for e in entries)} parameter tensors "
-            "differ.",
+            f"differ.{_steps_cause(steps, ranks)}",
             layer=entries[i].name,
             evidence={"tensor": entries[i].name, "ranks": ranks, "ranks_apart": apart,
                       "differing_params": len(params), "sums": _values(rows, i, 0),
-                      "norms": _values(rows, i, 1)}))
+                      "norms": _values(rows, i, 1),
+                      "optimizer_steps": list(steps) if steps is not None else None}))
     if buffers:
         i = buffers[0]
         norms_only = all(entries[j].batchnorm for j in buffers)
