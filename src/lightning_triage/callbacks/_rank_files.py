@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_triage.findings import Finding
-from lightning_triage.report_safe import describe
+from lightning_triage.report.safe import describe
 
 #: How long rank 0's crash report waits for the other ranks' files (seconds): a rank that ends
 #: by the same exception writes its file at about the same time; a rank stuck in a collective
