@@ -23,7 +23,7 @@ from lightning_triage.callbacks._args import (
 )
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
 from lightning_triage.callbacks.base import guarded
-from lightning_triage.functional import structure_rules as rules
+from lightning_triage.functional import structure_verdicts as rules
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
 from lightning_triage.functional.padding import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_triage.functional import structure_rules as rules
+from lightning_triage.functional import structure_verdicts as rules
 from lightning_triage.functional.padding import PaddingLeak, PaddingMask, RealChange
 from lightning_triage.functional.structure import (
     BatchDependence,
@@ -103,7 +103,7 @@ def test_padding_verdicts() -> None:
 
 
 def test_labels_equal_to_inputs_need_a_shift_in_the_loss_to_be_next_token_data() -> None:
-    from lightning_triage.functional.structure_rules import causal_reason
+    from lightning_triage.functional.structure_verdicts import causal_reason
 
     ids = torch.tensor([[5, 6, 7, 8, 0, 0], [9, 3, 4, 2, 7, 1]])
     labels = ids.masked_fill(ids == 0, -100)
