@@ -12,8 +12,8 @@ from lightning_triage.functional.data import (
     example_fingerprints,
     input_shift,
     label_signal,
-    verdicts,
     summarize_tensor,
+    verdicts,
 )
 from lightning_triage.functional.data.state import DataRunState
 from lightning_triage.functional.hooks import HeadCapture

@@ -32,9 +32,9 @@ from lightning_triage.functional.data import (
     input_shift,
     is_class_target,
     label_signal,
-    verdicts,
     summarize_tensor,
     val_outlier,
+    verdicts,
 )
 from lightning_triage.functional.data.state import DataRunState
 from lightning_triage.functional.hooks import HeadCapture

@@ -138,6 +138,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
         "max_window_steps": bundle_window_cap}
 
     state_key_args = ("window_epochs", "window_steps")
+    #: the per-epoch view of the trainer's step counter (see `TriageCallback.unpicklable`)
+    unpicklable: ClassVar[tuple[str, ...]] = ("_steps",)
 
     def __init__(
         self,

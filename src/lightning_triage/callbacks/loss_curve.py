@@ -134,6 +134,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         "max_window_steps": bundle_window_cap}
 
     state_key_args = ("task", "num_classes", "window_epochs", "window_steps", "val_key")
+    #: the per-epoch view of the trainer's step counter (see `TriageCallback.unpicklable`)
+    unpicklable: ClassVar[tuple[str, ...]] = ("_steps",)
 
     def __init__(
         self,
