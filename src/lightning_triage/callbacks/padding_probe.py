@@ -301,6 +301,10 @@ class PaddingProbe(ProbeCallback):
             return type(pl_module).__name__
         return name
 
+    @override
+    def _count_user_call(self) -> None:
+        self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
+
     # ------------------------------------------------------------------ state
     @override
     def extra_state(self) -> dict[str, Any]:
