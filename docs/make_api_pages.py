@@ -34,8 +34,10 @@ FUNCTIONAL_HEAD = """# Functional core
 `lightning_triage.functional`: pure functions over tensors and numbers, with no `Trainer`.
 Use them from a plain PyTorch loop; the callbacks call them. Each stage's rules return a
 `Verdict` (code, step, message with the run's numbers); they live beside the statistics they
-read: `functional.data.rules`, `functional.structure_rules`, `functional.overfit_verdicts`,
-`functional.numerics`, `functional.curve`, `functional.gradients`.
+read: `functional.data.verdicts`, `functional.structure_verdicts`, `functional.overfit_verdicts`,
+`functional.numerics`, `functional.curve`, `functional.gradients`. What a check decides over the
+steps of a run lives in a watch the callback only feeds: `functional.update_ledger`,
+`functional.curve_watch`, `functional.gradient_watch`.
 """
 
 REPORT_EXTRA = ["lightning_triage.findings.sort_findings", "lightning_triage.ranking.rank",

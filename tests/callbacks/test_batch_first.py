@@ -15,7 +15,7 @@ from torch import nn
 from lightning_triage import StructureProbe
 from lightning_triage.demo.broken.structure import RowsLSTM
 from lightning_triage.demo.digits import digits_loaders
-from lightning_triage.functional.structure_rules import time_major_rnn
+from lightning_triage.functional.structure_verdicts import time_major_rnn
 from tests.helpers import make_trainer, seeds
 
 

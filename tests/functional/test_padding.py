@@ -186,13 +186,13 @@ def test_probe_padding_names_the_first_module_and_stays_silent_when_masked() -> 
     assert not isinstance(mask, str)
     leaky = _Net(masked=False)
     result = probe_padding(_run(leaky), batch, ids, mask)  # type: ignore[arg-type]
-    assert result["status"] == "leak" and result["passes"] == 4
+    assert result.status == "leak" and result.passes == 4
     # the convolution reaches into the padding at the last real tokens (content changed);
     # more padding of the same token changes nothing the convolution sees
-    assert [(leak.perturbation, leak.first_module) for leak in result["leaks"]] == [("content", "mix")]
+    assert [(leak.perturbation, leak.first_module) for leak in result.leaks] == [("content", "mix")]
     masked = _Net(masked=True)
     masked.load_state_dict(leaky.state_dict())
-    assert probe_padding(_run(masked), batch, ids, mask)["status"] == "ok"  # type: ignore[arg-type]
+    assert probe_padding(_run(masked), batch, ids, mask).status == "ok"  # type: ignore[arg-type]
 
 
 def test_probe_padding_detects_nondeterminism() -> None:
@@ -208,7 +208,7 @@ def test_probe_padding_detects_nondeterminism() -> None:
         return rec
 
     result = probe_padding(run, batch, ids, mask)
-    assert result["status"] == "nondeterministic" and result["passes"] == 2
+    assert result.status == "nondeterministic" and result.passes == 2
 
 
 def test_a_model_at_its_maximum_length_is_compared_with_fewer_padded_positions() -> None:
@@ -228,11 +228,11 @@ def test_a_model_at_its_maximum_length_is_compared_with_fewer_padded_positions()
             return inner(b)  # type: ignore[no-any-return]
 
         result = probe_padding(run, batch, ids, mask, pass_errors=(IndexError,))
-        assert result["status"] == status
-        assert set(result["failed"]) == {"amount"} and result["fewer"] >= 1
-        assert result["passes"] == 5
+        assert result.status == status
+        assert set(result.failed) == {"amount"} and (result.fewer or 0) >= 1
+        assert result.passes == 5
         if not masked:  # the content pass found it; the shorter pass ran on the padded rows
-            assert {leak.perturbation for leak in result["leaks"]} >= {"content"}
+            assert {leak.perturbation for leak in result.leaks} >= {"content"}
 
 
 def test_a_failing_pass_fails_alone_only_for_the_errors_named() -> None:
@@ -270,12 +270,12 @@ def test_the_longer_pass_stays_within_the_room_the_model_declares(room: int | No
         return inner(b)  # type: ignore[no-any-return]
 
     result = probe_padding(run, batch, ids, mask, room=room, room_why="the model's limit")
-    assert result["status"] == "ok"
+    assert result.status == "ok"
     assert max(lengths) <= ids.shape[1] + (room if room is not None else ids.shape[1])
     assert (max(lengths) > ids.shape[1]) is longer
-    assert ("fewer" in result) is not longer
+    assert (result.fewer is not None) is not longer
     if not longer:
-        assert result["failed"] == {"amount": "not run: the model's limit"}
+        assert result.failed == {"amount": "not run: the model's limit"}
 
 
 def test_a_declared_maximum_length_is_found_on_modules_and_configs() -> None:

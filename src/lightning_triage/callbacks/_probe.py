@@ -24,15 +24,18 @@ class ProbeCallback(TriageCallback):
     input_key: BatchKey | None
     target_key: BatchKey | None
     max_examples: int
-    results: dict[str, Any]
 
     def _copy(self, batch: Any) -> Any:
         """A copy of ``batch`` with at most ``max_examples`` examples (tensors cloned)."""
         return copy_first_examples(batch, self.max_examples, self.input_key, self.target_key)
 
+    def _count_user_call(self) -> None:
+        """Count one call of the user's code in the probe's result (the subclass keeps it)."""
+        raise NotImplementedError
+
     def _run(self, trainer: pl.Trainer, module: nn.Module, batch: Any) -> Any:
         """The user's code on a batch, in the run's precision context (as the real step)."""
-        self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
+        self._count_user_call()
         return run_user_step(trainer, module, batch, self.forward_fn)
 
 

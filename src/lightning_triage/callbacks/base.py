@@ -129,6 +129,9 @@ class TriageCallback(Callback):
     #: The bundle's boolean argument that leaves this check out when ``False`` (``None``: the
     #: bundle always runs it).
     bundle_switch: ClassVar[str | None] = None
+    #: Attributes that belong to this process and this epoch, set to ``None`` when the check
+    #: is pickled (a check that keeps a per-epoch view of the trainer names it here).
+    unpicklable: ClassVar[tuple[str, ...]] = ()
 
     @property
     @override
@@ -410,8 +413,9 @@ class TriageCallback(Callback):
         state = self.__dict__.copy()
         state["_handles"] = []  # hook handles hold weak references and are per-process
         state["finding_listener"] = None  # the report's bound method: set again at setup
-        if "_steps" in state:  # a per-epoch view of the trainer's step counter
-            state["_steps"] = None
+        for name in type(self).unpicklable:
+            if name in state:
+                state[name] = None
         return state
 
 

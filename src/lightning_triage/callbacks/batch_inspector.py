@@ -32,9 +32,9 @@ from lightning_triage.functional.data import (
     input_shift,
     is_class_target,
     label_signal,
-    rules,
     summarize_tensor,
     val_outlier,
+    verdicts,
 )
 from lightning_triage.functional.data.state import DataRunState
 from lightning_triage.functional.hooks import HeadCapture
@@ -242,7 +242,7 @@ class BatchInspector(TriageCallback):
                                  layout.note)
         if layout.inputs is None:
             if "unknown_batch_structure" not in self.state.reported:
-                self._forward(trainer, rules.unknown_structure_rule(batch, layout.note, layout.tensors),
+                self._forward(trainer, verdicts.unknown_structure_rule(batch, layout.note, layout.tensors),
                               "unknown_batch_structure")
                 self.skip(f"batch structure not understood: {layout.note}")
             return None
@@ -360,7 +360,7 @@ class BatchInspector(TriageCallback):
         x, y, st = layout.inputs, layout.targets, self.state
         assert x is not None
         assert layout.input_name is not None
-        where = rules.batch_place(split, batch_idx, dataloader_idx)
+        where = verdicts.batch_place(split, batch_idx, dataloader_idx)
         summaries = self._summaries(trainer, layout, split, batch_idx, dataloader_idx, step)
         main = next((s for s in summaries if s.name == layout.input_name), None) or \
             summarize_tensor(x, layout.input_name)
@@ -369,13 +369,13 @@ class BatchInspector(TriageCallback):
                 st.sample = {"split": split, "batch_idx": batch_idx, "global_step": step,
                              "tensor": layout.input_name, "target": layout.target_name,
                              **batch_picture(x, y)}
-            self._forward(trainer, rules.tiny_scale_rule(main, max_rms=self.max_rms, where=where,
+            self._forward(trainer, verdicts.tiny_scale_rule(main, max_rms=self.max_rms, where=where,
                                                          batch_idx=batch_idx, step=step),
                           "tiny_input_scale")
-            self._forward(trainer, rules.unnormalized_rule(main, max_rms=self.max_rms, where=where,
+            self._forward(trainer, verdicts.unnormalized_rule(main, max_rms=self.max_rms, where=where,
                                                            batch_idx=batch_idx, step=step),
                           "unnormalized")
-        self._forward(trainer, rules.constant_rule(x, main, split=split, where=where,
+        self._forward(trainer, verdicts.constant_rule(x, main, split=split, where=where,
                                                    batch_idx=batch_idx, step=step),
                       f"constant:{split}")
         if y is not None and is_class_target(y):
@@ -394,7 +394,7 @@ class BatchInspector(TriageCallback):
     def _summaries(self, trainer: pl.Trainer, layout: BatchLayout, split: str, batch_idx: int,
                    dataloader_idx: int, step: int) -> list[TensorSummary]:
         """Summarize the batch's tensors (kept in :attr:`batch_stats`) and report NaN/Inf."""
-        where = rules.batch_place(split, batch_idx, dataloader_idx)
+        where = verdicts.batch_place(split, batch_idx, dataloader_idx)
         summaries: list[TensorSummary] = []
         checks: list[tuple[Tensor, TensorSummary, bool]] = []
         for name, t in layout.tensors[:16]:
@@ -413,7 +413,7 @@ class BatchInspector(TriageCallback):
         for t, summary, target in checks:
             code = "data.nonfinite_target" if target else "data.nonfinite_input"
             if f"{code}:{split}:{summary.name}" not in self.state.reported:
-                self._forward(trainer, rules.nonfinite_rule(t, summary, target=target, split=split,
+                self._forward(trainer, verdicts.nonfinite_rule(t, summary, target=target, split=split,
                                                             where=where, batch_idx=batch_idx,
                                                             step=step),
                               f"{code}:{split}:{summary.name}")
@@ -433,10 +433,10 @@ class BatchInspector(TriageCallback):
             return
         if "data.target_out_of_range" in self.state.reported:
             return
-        self._forward(trainer, rules.target_range_rule(
+        self._forward(trainer, verdicts.target_range_rule(
             y, classes, source=self.state.classes_source, inferred=self.num_classes is None,
             ignore_index=self.ignore_index, name=name, split=split,
-            where=rules.batch_place(split, batch_idx, dataloader_idx), batch_idx=batch_idx,
+            where=verdicts.batch_place(split, batch_idx, dataloader_idx), batch_idx=batch_idx,
             step=step), "data.target_out_of_range")
 
     # ------------------------------------------------------------------ fingerprints
@@ -449,9 +449,9 @@ class BatchInspector(TriageCallback):
             return
         fps = example_fingerprints(x)
         n = len(fps)
-        where = rules.batch_place(split, batch_idx, dataloader_idx)
+        where = verdicts.batch_place(split, batch_idx, dataloader_idx)
         repeats, largest = duplicate_stats(fps)
-        self._forward(trainer, rules.duplicates_rule(
+        self._forward(trainer, verdicts.duplicates_rule(
             n, repeats, largest, per_example=x[0].numel(), fraction=self.duplicate_fraction,
             name=name, split=split, where=where, batch_idx=batch_idx, step=step),
             f"duplicates:{split}")
@@ -461,7 +461,7 @@ class BatchInspector(TriageCallback):
             return
         whole = batch_fingerprint(fps)
         previous = st.epoch_batches.get(whole)
-        self._forward(trainer, rules.repeated_batch_rule(
+        self._forward(trainer, verdicts.repeated_batch_rule(
             previous, n, largest, name=name, where=where, batch_idx=batch_idx, step=step,
             epoch=trainer.current_epoch), "repeated_batch")
         if previous is None:
@@ -477,13 +477,13 @@ class BatchInspector(TriageCallback):
             shift = input_shift(st.train_moments, st.val_moments)
             if shift is not None:
                 st.done.add("shift")
-                self._forward(trainer, rules.shift_rule(shift, st.train_moments.count,
+                self._forward(trainer, verdicts.shift_rule(shift, st.train_moments.count,
                                                         st.val_moments.count))
         if "outlier" not in st.reported and st.train_moments.count >= 64 \
                 and st.val_moments.count >= 32:
             # a validation value far outside the training data: judged again as more validation
             # batches are inspected, reported once
-            self._forward(trainer, rules.val_outlier_rule(
+            self._forward(trainer, verdicts.val_outlier_rule(
                 val_outlier(st.train_moments, st.val_extremes), st.train_moments.count),
                 "outlier")
         # `Trainer(overfit_batches=...)`: validating on the batches it trains on is what the
@@ -491,14 +491,14 @@ class BatchInspector(TriageCallback):
         overfitting = bool(getattr(trainer, "overfit_batches", 0) or 0)
         if "overlap" not in st.reported and len(st.train_fps) and len(st.val_fps) \
                 and not overfitting:
-            self._forward(trainer, rules.overlap_rule(st.train_fps, st.val_fps), "overlap")
+            self._forward(trainer, verdicts.overlap_rule(st.train_fps, st.val_fps), "overlap")
         if shift_only:
             return
         window_done = st.train_inspected >= self.num_batches or epoch_end or final
         if (window_done and "imbalance" not in st.done
                 and sum(st.class_totals.values()) >= 64):
             st.done.add("imbalance")
-            self._forward(trainer, rules.imbalance_rule(st.class_totals, st.batch_classes,
+            self._forward(trainer, verdicts.imbalance_rule(st.class_totals, st.batch_classes,
                                                         st.classes, st.train_inspected))
         if (self.probe and "probe" not in st.done
                 and (st.probe_count >= self.probe_examples
@@ -515,9 +515,9 @@ class BatchInspector(TriageCallback):
         result = label_signal(x, y)
         if result is None:
             return
-        st.probe_detail = rules.probe_detail(result)
+        st.probe_detail = verdicts.probe_detail(result)
         self.detail = self._describe()
-        self._forward(trainer, rules.misalignment_rule(result))
+        self._forward(trainer, verdicts.misalignment_rule(result))
 
     # ------------------------------------------------------------------ class count capture
     def _arm(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

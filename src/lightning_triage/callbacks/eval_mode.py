@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import lightning.pytorch as pl
@@ -88,9 +89,10 @@ class EvalModeCheck(TriageCallback):
         self._pending = False
         self.runs_checked += 1
         self.runs_in_train_mode += int(found)
-        for f in self.findings:
-            if f.code == "mode.train_mode_in_eval":
-                f.evidence["validation_runs"] = self.runs_in_train_mode
+        # the finding says how many runs showed it so far: a new one, built complete, each run
+        self.findings = [replace(f, evidence={**f.evidence,
+                                              "validation_runs": self.runs_in_train_mode})
+                         if f.code == "mode.train_mode_in_eval" else f for f in self.findings]
         self.mark_ran(f"checked the first batch of {self.runs_checked} validation run(s): "
                       f"{self.runs_in_train_mode} with layers in training mode")
 

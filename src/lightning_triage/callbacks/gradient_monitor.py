@@ -7,7 +7,6 @@ an opt-in action that skips the update of a spiking step.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
@@ -39,25 +38,21 @@ from lightning_triage.callbacks._monitor import (
 from lightning_triage.callbacks._step import RowBuffer, StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.adapters import adapter_layer_of
+from lightning_triage.functional.gradient_watch import GradientWatch
 from lightning_triage.functional.gradients import (
     GradThresholds,
     alive_units,
     classify_gradients,
     clip_kept,
     clipping_verdict,
-    explosion_verdict,
-    jumped_first,
     layer_groups,
     layer_norms,
-    loss_spike_after,
     median_ratios,
     module_name,
-    spike_verdict,
-    suggest_clip,
     update_norms,
 )
 from lightning_triage.functional.series import BoundedSeries
-from lightning_triage.functional.spikes import SpikeEvent, SpikeWatch
+from lightning_triage.functional.spikes import SpikeWatch
 from lightning_triage.functional.tensors import is_plain
 from lightning_triage.functional.verdict import Verdict
 
@@ -138,6 +133,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
         "max_window_steps": bundle_window_cap}
 
     state_key_args = ("window_epochs", "window_steps")
+    #: the per-epoch view of the trainer's step counter (see `TriageCallback.unpicklable`)
+    unpicklable: ClassVar[tuple[str, ...]] = ("_steps",)
 
     def __init__(
         self,
@@ -178,7 +175,9 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self.series_norm = BoundedSeries(self.max_points)
         self.skipped_steps = 0
         self._skipped_base = 0
-        self.counts = {"spikes_after_window": 0, "explosions_after_window": 0}
+        #: what of the gradient verdicts to report, and the context of spikes (the policy, in
+        #: the functional core)
+        self.grad_watch = GradientWatch()
         self._names: list[str] = []
         self._params: list[nn.Parameter] = []
         self._weight_idx: list[int] = []
@@ -208,12 +207,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self.w_total: list[float] = []
         self.w_loss: list[float] = []
         self.w_rows: list[np.ndarray] = []
-        # the last chunks (steps, totals, per-parameter norms, losses): context of a spike
-        self._recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque()
         self._flush_n: int | None = None
-        self._layer_base: np.ndarray | None = None
-        self._pending_spikes: list[SpikeEvent] = []
-        self._reported: set[tuple[str, int | None]] = set()
         # per-layer norms for the report's heatmap: bounded (decimated like `BoundedSeries`)
         self.layer_names: list[str] = []
         self._layer_of: list[int] | None = None
@@ -422,21 +416,16 @@ class GradientMonitor(TriageCallback, WindowMixin):
                         metrics["triage/skipped_steps"] = float(self.skipped_steps)
                     log_to_loggers(trainer, metrics, s)
         self._record_layers(steps, per)
-        self._recent.append((np.asarray(steps), totals, per, loss))
-        # keep at least 64 steps of context (bounded: at most 64 + one chunk)
-        while len(self._recent) > 1 and \
-                sum(c[0].size for c in self._recent) - self._recent[0][0].size >= 64:
-            self._recent.popleft()
+        self.grad_watch.observe(steps, totals, per, loss)
         if not self.window_closed:
             room = self.max_window_steps - len(self.w_total)
             self.w_steps.extend(steps[:room])
             self.w_total.extend(float(t) for t in totals[:room])
             self.w_loss.extend(float(v) for v in loss[:room])
             self.w_rows.extend(per[:room])
-            verdicts = self._classify(final=False)
-            last = self.w_steps[-1] - self.thresholds.follow_steps
-            self._report(trainer, [v for v in verdicts if v.code != "grad.spike" or (v.step or 0) <= last],
-                         after_window=False)
+            self._report(trainer, self.grad_watch.window(
+                self._classify(final=False), last_step=self.w_steps[-1],
+                thresholds=self.thresholds), after_window=False)
         self._watch(trainer, steps, totals, per)
 
     def _watch(self, trainer: pl.Trainer, steps: list[int], totals: np.ndarray,
@@ -445,57 +434,18 @@ class GradientMonitor(TriageCallback, WindowMixin):
         # under fp16 the gradient scaler skips non-finite steps: feed the finite runs only
         events = self.watcher.update_finite(totals, steps) if self._amp_fp16 and not finite.all() \
             else self.watcher.update(totals, start_step=steps[0])
-        healthy = finite & ~np.isin(steps, [e.step for e in events])
-        if healthy.any():
-            med = np.median(per[healthy], axis=0)
-            self._layer_base = med if self._layer_base is None else 0.5 * (self._layer_base + med)
         if self._thr is not None:
             self._thr.fill_(self.watcher.threshold())
-        if not self.window_closed or not self.watch:
-            return
-        for e in events:
-            if e.kind == "spike":
-                self.counts["spikes_after_window"] += 1
-                if len(self._pending_spikes) < 16:
-                    self._pending_spikes.append(e)
-            elif e.kind in ("sustained", "nonfinite"):
-                clip = suggest_clip(self.watcher.ring) if e.kind == "sustained" else None
-                verdict = explosion_verdict(e, totals, steps.index(e.step) if e.step in steps else 0,
-                                            clip=clip, growth=self.thresholds.growth)
-                if verdict is not None:
-                    self.counts["explosions_after_window"] += 1
-                    self._report(trainer, [verdict], after_window=True)
+        # the level of healthy steps is kept in the window too; explosions and spikes after it
+        self._report(trainer, self.grad_watch.events(
+            events, steps, totals, per, ring=self.watcher.ring,
+            after_window=self.window_closed and self.watch, thresholds=self.thresholds),
+            after_window=True)
 
     def _resolve_spikes(self, trainer: pl.Trainer, final: bool) -> None:
-        if not self._pending_spikes or not self._recent:
-            return
-        th = self.thresholds
-        steps = np.concatenate([c[0] for c in self._recent])
-        last = int(steps[-1])
-        keep = []
-        for e in self._pending_spikes:
-            if e.step + th.follow_steps > last and not final:
-                keep.append(e)
-                continue
-            where = np.nonzero(steps == e.step)[0]
-            if where.size == 0:
-                continue
-            i = int(where[0])
-            loss = np.concatenate([c[3] for c in self._recent])
-            followed = loss_spike_after(loss, i, th.follow_steps)
-            names = [module_name(n) for n in self._names]
-            first = first_row = None
-            ratios: dict[str, float] = {}
-            if self._layer_base is not None:
-                mat = np.concatenate([c[2] for c in self._recent])
-                first, first_row, ratios = jumped_first(mat, names, i, self._layer_base)
-            verdict = spike_verdict(e, clip=suggest_clip(self.watcher.ring, th.clip_quantile),
-                                    followed=followed, first_layer=first,
-                                    first_step=None if first_row is None else int(steps[first_row]),
-                                    layer_ratios=ratios, after_window=True,
-                                    follow_steps=th.follow_steps, clip_val=self._clip_val)
-            self._report(trainer, [verdict], after_window=True)
-        self._pending_spikes = keep
+        self._report(trainer, self.grad_watch.resolve(
+            self._names, ring=self.watcher.ring, final=final, thresholds=self.thresholds,
+            clip_val=self._clip_val), after_window=True)
 
     # ------------------------------------------------------------------ window
     def _classify(self, final: bool, extra: Mapping[str, Any] | None = None) -> list[Verdict]:
@@ -541,14 +491,14 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._alive, self._snap, self._ratio_rows = None, None, []
 
     # ------------------------------------------------------------------ findings
+    @property
+    def counts(self) -> dict[str, int]:
+        """Gradient spikes and explosions seen after the window."""
+        return self.grad_watch.counts
+
     def _report(self, trainer: pl.Trainer, verdicts: list[Verdict], after_window: bool) -> None:
-        for v in verdicts:
-            key = (v.code, v.step)
-            if key in self._reported or len(self._reported) > 200:
-                continue
-            if v.code == "grad.exploding" and not after_window and self.has_finding(v.code):
-                continue
-            self._reported.add(key)
+        for v in self.grad_watch.admit(verdicts, after_window=after_window,
+                                       held=[f.code for f in self.findings]):
             finding = self.add_verdict(trainer, v, after_window=after_window)
             log_finding(trainer, finding, scalar(v.evidence, "ratio"))
 
@@ -608,8 +558,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
             "window_closed": self.window_closed, "watcher": self.watcher.state_dict(),
             "series": self.series_norm.state_dict(), "skipped_steps": self.skipped_steps
             if self._skipped is None else self._skipped_base + int(self._skipped),
-            "counts": dict(self.counts), "reported": [list(k) for k in self._reported],
-            "layer_base": None if self._layer_base is None else self._layer_base.tolist(),
+            **self.grad_watch.state_dict(),
             "w_steps": list(self.w_steps), "w_total": list(self.w_total),
             "w_loss": list(self.w_loss), "w_rows": [r.tolist() for r in self.w_rows],
             "clip_kept": list(self.clip_kept),
@@ -623,10 +572,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self.watcher.load_state_dict(state.get("watcher", {}))
         self.series_norm.load_state_dict(state.get("series", {}))
         self.skipped_steps = self._skipped_base = int(state.get("skipped_steps", 0))
-        self.counts.update(state.get("counts", {}))
-        self._reported = {(str(c), int(s)) for c, s in state.get("reported", [])}
-        base = state.get("layer_base")
-        self._layer_base = None if base is None else np.asarray(base, dtype=np.float64)
+        self.grad_watch.load_state_dict(state)
         self.w_steps = [int(s) for s in state.get("w_steps", [])]
         self.w_total = [float(v) for v in state.get("w_total", [])]
         self.w_loss = [float(v) for v in state.get("w_loss", [])]

@@ -43,11 +43,8 @@ from lightning_triage.functional.chance import (
     resolve_chance,
 )
 from lightning_triage.functional.curve import CurveThresholds, classify_curve
-from lightning_triage.functional.curve_verdicts import (
-    ValidationSeen,
-    late_event_verdict,
-    validation_verdict,
-)
+from lightning_triage.functional.curve_verdicts import ValidationSeen
+from lightning_triage.functional.curve_watch import CurveWatch
 from lightning_triage.functional.hooks import HeadCapture
 from lightning_triage.functional.objective import StepObjective
 from lightning_triage.functional.overfit import batch_size_of
@@ -134,6 +131,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         "max_window_steps": bundle_window_cap}
 
     state_key_args = ("task", "num_classes", "window_epochs", "window_steps", "val_key")
+    #: the per-epoch view of the trainer's step counter (see `TriageCallback.unpicklable`)
+    unpicklable: ClassVar[tuple[str, ...]] = ("_steps",)
 
     def __init__(
         self,
@@ -187,8 +186,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self.watcher: SpikeWatch | None = None
         self.train_series = BoundedSeries(self.max_points)
         self.val_series = BoundedSeries(self.max_points)
-        self.counts = {"spikes_after_window": 0, "divergences_after_window": 0}
-        self._reported: set[tuple[str, int | None]] = set()
+        #: what of the curve's verdicts to report (the policy, in the functional core)
+        self.curve_watch = CurveWatch()
         self._buf: RowBuffer | None = None  # this chunk's losses, on the device on accelerators
         self._scale_by = 1
         self._flush_n: int | None = None
@@ -355,19 +354,17 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self.train, self.train_steps = [], []  # the window's values are no longer needed
 
     # ------------------------------------------------------------------ findings
+    @property
+    def counts(self) -> dict[str, int]:
+        """Loss spikes and divergences seen after the window."""
+        return self.curve_watch.counts
+
     def _report(self, trainer: pl.Trainer, verdicts: list[Verdict], after_window: bool) -> None:
-        for v in verdicts:
-            key = (v.code, v.step)
-            if key in self._reported or (v.code == "curve.healthy" and self.findings):
-                continue
-            if v.code in ("curve.diverging", "curve.overfitting") and self.has_finding(v.code):
-                continue  # one divergence / overfitting verdict per window
+        for v in self.curve_watch.window(verdicts, held=[f.code for f in self.findings],
+                                         memorizing=bool(getattr(trainer, "overfit_batches", 0))):
             extra: dict[str, Any] = {}
             if v.code == "curve.overfitting":
-                if getattr(trainer, "overfit_batches", 0):
-                    continue  # the user memorizes a few batches on purpose
                 extra["handled_by"] = handled_by(trainer, self.val_key)
-            self._reported.add(key)
             finding = self.add_verdict(trainer, v, after_window=after_window,
                                        chance=None if self.chance is None else self.chance.value,
                                        **extra)
@@ -375,18 +372,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
 
     def _report_events(self, trainer: pl.Trainer, events: list[SpikeEvent], steps: list[int],
                        values: list[float]) -> None:
-        for e in events:
-            if len(self._reported) > 200:
-                break  # bounded: the counts keep going
-            v = late_event_verdict(e, steps, values, self.thresholds.diverge_ratio)
-            if v is None:
-                continue
-            self.counts["spikes_after_window" if v.code == "curve.loss_spike"
-                        else "divergences_after_window"] += 1
-            key = (v.code, e.step)
-            if key in self._reported:
-                continue
-            self._reported.add(key)
+        for v in self.curve_watch.late(events, steps, values, self.thresholds):
             finding = self.add_verdict(trainer, v)
             log_finding(trainer, finding, scalar(finding.evidence, "ratio"))
 
@@ -469,11 +455,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         """Info findings when the window could not show overfitting: no validation at all, or
         too few validation runs inside the window (judged once the window held enough steps to
         classify the curve)."""
-        if self._window_n < self.thresholds.min_steps or self.has_finding("curve.no_validation") \
-                or self.has_finding("curve.sparse_validation"):
-            return
-        needed = 1 + max(2, self.thresholds.overfit_confirm)  # the overfitting rule's minimum
-        verdict = validation_verdict(ValidationSeen(
+        verdict = self.curve_watch.validation(ValidationSeen(
             runs=self._val_runs, losses=len(self.val_series), in_window=len(self.val),
             window_steps=self._window_n, epochs=trainer.current_epoch,
             module=type(pl_module).__name__,
@@ -481,7 +463,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             limit_val_batches_zero=trainer.limit_val_batches == 0,
             has_val_loader=trainer.val_dataloaders is not None,
             check_val_every_n_epoch=trainer.check_val_every_n_epoch,
-            val_check_interval=trainer.val_check_interval), needed)
+            val_check_interval=trainer.val_check_interval), held=[f.code for f in self.findings],
+            thresholds=self.thresholds)
         if verdict is not None:
             log_finding(trainer, self.add_verdict(trainer, verdict))
 
@@ -517,8 +500,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             "chance": None if self.chance is None else vars(self.chance),
             "watcher": None if self.watcher is None else self.watcher.state_dict(),
             "train_series": self.train_series.state_dict(),
-            "val_series": self.val_series.state_dict(), "counts": dict(self.counts),
-            "reported": [list(k) for k in self._reported],
+            "val_series": self.val_series.state_dict(), **self.curve_watch.state_dict(),
             "pending": pending, "pending_steps": steps,
             "val_runs": self._val_runs, "window_n": self._window_n,
             "objective_note": self.objective_note, "noisy": self.noisy,
@@ -539,8 +521,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             self.watcher.load_state_dict(state["watcher"])
         self.train_series.load_state_dict(state.get("train_series", {}))
         self.val_series.load_state_dict(state.get("val_series", {}))
-        self.counts.update(state.get("counts", {}))
-        self._reported = {(str(c), int(s)) for c, s in state.get("reported", [])}
+        self.curve_watch.load_state_dict(state)
         pending = [float(v) for v in state.get("pending", [])]
         if pending:  # already scaled; read on the host
             self._buf = RowBuffer(1, len(pending) + 8)

@@ -131,6 +131,8 @@ class NonFiniteTracer(TriageCallback):
     shared_codes: ClassVar[tuple[str, ...]] = ("data.nonfinite_input", "data.nonfinite_target")
 
     state_key_args = ("on_nonfinite", "mode")
+    #: the per-epoch view of the trainer's step counter (see `TriageCallback.unpicklable`)
+    unpicklable: ClassVar[tuple[str, ...]] = ("_steps",)
 
     def __init__(
         self,

@@ -3,6 +3,7 @@ padding?"""
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Mapping
@@ -23,12 +24,13 @@ from lightning_triage.callbacks._args import (
 )
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
 from lightning_triage.callbacks.base import guarded
-from lightning_triage.functional import structure_rules as rules
+from lightning_triage.functional import structure_verdicts as rules
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
 from lightning_triage.functional.padding import (
     DEFAULT_PADDING_TOLERANCE,
     PaddingMask,
+    PaddingProbeResult,
     Recording,
     declared_max_length,
     find_padding_mask,
@@ -233,17 +235,17 @@ class PaddingProbe(ProbeCallback):
             raise
         finally:
             set_rng_state(saved)
-        self.results["forward_passes"] = result["passes"]
-        self.results["noise"] = result["noise"]
-        status = result["status"]
+        self.results["forward_passes"] = result.passes
+        self.results["noise"] = result.noise
+        status = result.status
         self.results["status"] = status
         base = (f"mask {mask.source} ({mask.side or 'mixed'} padding, {int(mask.pad.sum())} "
-                f"padded of {mask.pad.numel()} positions); {result['passes']} forward passes on "
+                f"padded of {mask.pad.numel()} positions); {result.passes} forward passes on "
                 f"a copy")
         if status in ("no_head", "unaligned"):
             why = ("no module returned a floating output with the batch's examples on dim 0"
                    if status == "no_head" else
-                   f"the head output {tuple(result.get('shape', []))} is neither per position "
+                   f"the head output {tuple(result.shape or [])} is neither per position "
                    f"(dim 1 = {x.shape[1]}) nor pooled `(N, C)`")
             self.add_verdict(trainer, rules.padding_unaligned(why))
             self.mark_ran(f"skipped: {why}")
@@ -252,20 +254,22 @@ class PaddingProbe(ProbeCallback):
             self.mark_ran("skipped: another rank could not run the probe's passes")
             return
         if status == "nondeterministic":
-            why, verdict = rules.padding_nondeterministic(result["noise"])
+            why, verdict = rules.padding_nondeterministic(
+                result.noise if result.noise is not None else math.inf)
             self.add_verdict(trainer, verdict)
             self.mark_ran(f"skipped: {why}")
             return
-        leaks = result["leaks"]
-        self.results["failed_passes"] = dict(result["failed"])
+        leaks = result.leaks
+        self.results["failed_passes"] = dict(result.failed)
         base += self._partial(result)
         if not leaks:
-            self.mark_ran(f"{base}: no leak (head `{self._label(pl_module, result['head'])}`)")
+            self.mark_ran(f"{base}: no leak (head `{self._label(pl_module, result.head)}`)")
             return
         first = next((leak.first_module for leak in leaks if leak.first_module is not None), None)
         self.add_verdict(trainer, rules.padding_leak(
-            self._label(pl_module, result["head"]), self._label(pl_module, first), result["head"],
-            mask, leaks, result["noise"], list(x.shape[:2])))
+            self._label(pl_module, result.head), self._label(pl_module, first), result.head or "",
+            mask, leaks, result.noise if result.noise is not None else math.nan,
+            list(x.shape[:2])))
         self.mark_ran(f"{base}: leak ({', '.join(leak.perturbation for leak in leaks)})")
 
     @staticmethod
@@ -282,13 +286,13 @@ class PaddingProbe(ProbeCallback):
         return None, ""
 
     @staticmethod
-    def _partial(result: Mapping[str, Any]) -> str:
+    def _partial(result: PaddingProbeResult) -> str:
         """The passes that failed and what replaced them, for the detail."""
         text = "".join(f"; the {kind} pass was not run ({why.removeprefix('not run: ')})"
                        if why.startswith("not run: ") else f"; the {kind} pass failed ({why})"
-                       for kind, why in result["failed"].items())
-        if "fewer" in result:
-            text += f"; compared with {result['fewer']} fewer padded positions instead"
+                       for kind, why in result.failed.items())
+        if result.fewer is not None:
+            text += f"; compared with {result.fewer} fewer padded positions instead"
         return text
 
     @staticmethod
@@ -296,6 +300,10 @@ class PaddingProbe(ProbeCallback):
         if not name:
             return type(pl_module).__name__
         return name
+
+    @override
+    def _count_user_call(self) -> None:
+        self.results["user_code_calls"] = int(self.results.get("user_code_calls", 0)) + 1
 
     # ------------------------------------------------------------------ state
     @override

@@ -27,7 +27,7 @@ from lightning_triage.callbacks._args import (
 from lightning_triage.callbacks._probe import ForwardFn, ProbeCallback
 from lightning_triage.callbacks._progress import progress
 from lightning_triage.callbacks.base import guarded
-from lightning_triage.functional import structure_rules as rules
+from lightning_triage.functional import structure_verdicts as rules
 from lightning_triage.functional.batch import BatchKey, locate_batch, split_batch
 from lightning_triage.functional.chance import IGNORE_INDEX
 from lightning_triage.functional.coupling import CouplingWatch
@@ -35,16 +35,20 @@ from lightning_triage.functional.structure import (
     DEFAULT_TOLERANCE,
     LossWatch,
     aligned_start,
-    example_dependence,
     is_next_token,
     output_change,
-    pairwise_output,
     position_dependence,
     probe_positions,
     redraw_targets,
     replace_tensor,
     same_storage,
     target_shift,
+)
+from lightning_triage.functional.structure_verdicts import (
+    Outcome,
+    PartResult,
+    StructureProbeResult,
+    skipped,
 )
 from lightning_triage.probing import (
     ProbeUnavailableError,
@@ -184,17 +188,27 @@ class StructureProbe(ProbeCallback):
         self.ignore_index = ignore_index
         self.shape_trace: list[dict[str, Any]] = []
         self.trace_truncated = 0
-        self.results: dict[str, Any] = {}
+        #: what the probe ran and found
+        self.result = StructureProbeResult()
         self._rng: RngState | None = None
         self.probe_seconds: float | None = None
         self._slot = 0
+
+    @property
+    def results(self) -> dict[str, Any]:
+        """:attr:`result` as plain values (each part's outcome as text), read only."""
+        return self.result.as_dict()
+
+    @override
+    def _count_user_call(self) -> None:
+        self.result.user_code_calls += 1
 
     # ------------------------------------------------------------------ hooks
     @override
     @guarded
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
-        if self.ran or self.results or trainer.global_step != 0 or batch_idx != 0:
+        if self.ran or self.result.as_dict() or trainer.global_step != 0 or batch_idx != 0:
             self.idle = True  # the probe runs on the first batch of a fit or not at all
             return
         start = time.perf_counter()
@@ -203,7 +217,7 @@ class StructureProbe(ProbeCallback):
             with progress(trainer, "structure probes on copies", self.time_budget):
                 self._probe(trainer, pl_module, batch)
         except UserCodeError as err:
-            self.results.pop("head", None)
+            self.result.head = None
             self._skipped(trainer, f"the model raised {err.describe()} when run on a copy of the "
                           f"first batch (at most {self.max_examples} examples, eval mode)",
                           "Pass `max_examples=` >= your batch size if the model needs a fixed "
@@ -214,7 +228,8 @@ class StructureProbe(ProbeCallback):
             self._rng = None
             self._gate(trainer, 2, False)  # every rank takes part in every decision
             self.probe_seconds = time.perf_counter() - start
-            self.results.setdefault("seconds", round(self.probe_seconds, 4))
+            if self.result.seconds is None:
+                self.result.seconds = round(self.probe_seconds, 4)
         if self.ran:
             self.detail = f"{self.detail}; cost {1000 * self.probe_seconds:.0f} ms"
 
@@ -225,7 +240,7 @@ class StructureProbe(ProbeCallback):
         when a copy does not fit), in eval mode, with every global RNG as at the probe's start:
         paired passes start from the same state."""
         with eval_copy(trainer, pl_module, self._rng, factor=2.0) as probe:
-            self.results["isolation"] = probe.how
+            self.result.isolation = probe.how
             yield probe.module
 
     def _gate(self, trainer: pl.Trainer, slot: int, ready: bool) -> bool:
@@ -248,7 +263,7 @@ class StructureProbe(ProbeCallback):
         """Report (info) that the whole probe, or one ``part`` of it, could not run."""
         self.add_verdict(trainer, rules.probe_skipped(why, what, part))
         if not part:
-            self.results["skipped"] = why
+            self.result.skipped = why
             self.mark_ran(f"skipped: {why}")
 
     def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
@@ -293,35 +308,33 @@ class StructureProbe(ProbeCallback):
                               f"returned a tensor with {n} examples on dim 0)",
                               "Pass `forward_fn=` returning the model's predictions.")
                 return
-            self.results["head"] = {"module": head_name, "shape": list(head_a.shape)}
+            self.result.head = (head_name, list(head_a.shape))
             if 3 * first_run > self.time_budget:
                 self._skipped(trainer, f"one run of the model on {n} examples took "
                               f"{first_run:.2f} s, so three would exceed `time_budget` = "
                               f"{self.time_budget:g} s", "Raise `time_budget=` or lower "
                               "`max_examples=`.", part="target-leak, batch-mixing and causal "
                               "probes")
-                self.results["forward_passes"] = forwards
+                self.result.forward_passes = forwards
                 self.mark_ran(f"1 forward pass on {n} examples; shape "
-                              f"{self.results.get('shape')}; other probes over the time budget")
+                              f"{self.result.shape}; other probes over the time budget")
                 return
             # pass 2: targets redrawn
             if y is not None and watch is not None and watch.target_uses == 0:
-                self.results["target_leak"] = (
-                    f"skipped: the batch tensor taken as targets {tuple(y.shape)} never "
+                self.result.target_leak = skipped(
+                    f"the batch tensor taken as targets {tuple(y.shape)} never "
                     "reached a loss (it is another input); pass `target_key=`")
             elif y is not None:
                 forwards += self._check_target_leak(trainer, pl_module, copy_a, y, head_name,
                                                     head_a)
             else:
-                self.results["target_leak"] = "skipped: no targets found in the batch"
+                self.result.target_leak = skipped("no targets found in the batch")
             # pass 3: gradients
             forwards += self._check_gradients(trainer, pl_module, copy_a, x, y, rec_a)
-        checked = ", ".join(f"{k} {v if isinstance(v, str) else 'ran'}"
-                            for k, v in self.results.items()
-                            if k in ("batch_mixing", "causal", "target_leak", "shape"))
-        self.results["forward_passes"] = forwards
+        checked = self.result.checked()
+        self.result.forward_passes = forwards
         calls = "" if self.forward_fn is not None else " (`training_step` calls)"
-        fresh = "copy" if self.results.get("isolation") == "copy" else "snapshot"
+        fresh = "copy" if self.result.isolation == "copy" else "snapshot"
         self.mark_ran(f"{forwards} forward passes{calls} on {min(n, self.max_examples)} examples, "
                       f"each on a fresh {fresh} of the model; {checked}")
 
@@ -346,7 +359,7 @@ class StructureProbe(ProbeCallback):
                                                 for w in caught])
         events = [vars(e) for e in watch.events] if watch is not None else []
         verdict = rules.shape_mismatch(events, framework, head_name)
-        self.results["shape"] = "ok" if verdict is None else "mismatch"
+        self.result.shape = PartResult(Outcome.OK if verdict is None else Outcome.MISMATCH)
         if verdict is not None:
             self.add_verdict(trainer, verdict)
 
@@ -356,17 +369,17 @@ class StructureProbe(ProbeCallback):
         start = aligned_start(list(head_a.shape), list(y.shape))
         new_y = redraw_targets(y, start=start)
         if new_y is None:
-            self.results["target_leak"] = "skipped: every target of the batch is equal"
+            self.result.target_leak = skipped("every target of the batch is equal")
             return 0
         copy_b = replace_tensor(copy_a, y, new_y)
         parts_b = split_batch(copy_b, self.input_key, self.target_key)
         x_b = parts_b.inputs
         if parts_b.targets is not new_y or x_b is None:
-            self.results["target_leak"] = ("skipped: the targets could not be replaced in this "
-                                           f"batch type ({type(copy_a).__name__})")
+            self.result.target_leak = skipped("the targets could not be replaced in this "
+                                              f"batch type ({type(copy_a).__name__})")
             return 0
         if not self._gate(trainer, 1, True):
-            self.results["target_leak"] = "skipped: another rank could not run it"
+            self.result.target_leak = skipped("another rank could not run it")
             return 0
         # same state and randomness as pass 1 (a fresh copy, every RNG reset): only the targets
         # differ
@@ -377,13 +390,13 @@ class StructureProbe(ProbeCallback):
             out_b = self._run(trainer, model, copy_b)
         _, head_b = self._head(rec_b, out_b, head_a.shape[0])
         if head_b is None:
-            self.results["target_leak"] = "skipped: no head output with the redrawn targets"
+            self.result.target_leak = skipped("no head output with the redrawn targets")
             return 1
         positions = slice(0, 1) if start is not None else None
         change = output_change(head_a, head_b, positions=positions, tolerance=self.tolerance)
         redrawn = (f"target positions {start}..{y.shape[1] - 1} permuted"
                    if start is not None else "targets permuted across the batch")
-        self.results["target_leak"] = "leak" if change.changed else "ok"
+        self.result.target_leak = PartResult(Outcome.LEAK if change.changed else Outcome.OK)
         control = change.changed
         if trainer.world_size > 1:  # the control runs the user's code: on every rank or none
             control = bool(trainer.strategy.reduce_boolean_decision(control, all=False))
@@ -407,7 +420,7 @@ class StructureProbe(ProbeCallback):
             why = ("the same batch run twice gave different outputs (the model is stochastic or "
                    "stateful beyond what the probe resets: global and module-owned RNGs, module "
                    "state), so a change with redrawn targets proves nothing")
-            self.results["target_leak"] = f"skipped: {why}"
+            self.result.target_leak = skipped(why)
             self._skipped(trainer, why, "Make the forward deterministic in eval mode (or pass "
                           "`forward_fn=`) to probe for a target leak.", part="target-leak probe")
             return 2
@@ -428,7 +441,7 @@ class StructureProbe(ProbeCallback):
         # reentrant activation checkpointing refuses `torch.autograd.grad`, which these
         # probes are made of: a standard set-up, not a fault of the model
         why = "reentrant activation checkpointing (`use_reentrant=True`) refuses `torch.autograd.grad`"
-        self.results["batch_mixing"] = f"skipped: {why}"
+        self.result.batch_mixing = skipped(why)
         self._skipped(trainer, why, "Checkpoint with `use_reentrant=False` (PyTorch's "
                       "recommendation) to probe for batch mixing and causal leaks.",
                       part="gradient probes (batch mixing, causal)")
@@ -465,29 +478,29 @@ class StructureProbe(ProbeCallback):
         if choice is None:
             why = ("integer inputs and no module takes them to a floating output (e.g. an "
                    "embedding) or is called on floats")
-            self.results["batch_mixing"] = f"skipped: {why}"
+            self.result.batch_mixing = skipped(why)
             if reason is not None:
-                self.results["causal"] = f"skipped: {why}"
+                self.result.causal = skipped(why)
                 self._skipped(trainer, why, "Pass `forward_fn=` calling the model on the batch's "
                               "inputs, or embed the tokens with an `nn.Embedding` module.",
                               part=f"causal probe ({reason})")
             return 0
         x_g, y_g = split_batch(choice.batch, self.input_key, self.target_key)
         if x_g is None or (choice.leaf is not None and x_g is not choice.leaf):
-            self.results["batch_mixing"] = ("skipped: the inputs could not be replaced in this "
-                                            f"batch type ({type(copy_a).__name__})")
+            self.result.batch_mixing = skipped("the inputs could not be replaced in this "
+                                               f"batch type ({type(copy_a).__name__})")
             return 0
         if not self._gate(trainer, 2, True):
-            self.results["batch_mixing"] = "skipped: another rank could not run it"
+            self.result.batch_mixing = skipped("another rank could not run it")
             return 0
         with CouplingWatch(int(x.shape[0])) as coupling:  # what the objective couples
             rec_g, watch, out_g, leaf = self._gradient_pass(trainer, pl_module, choice, x_g,
                                                             y_g, x.shape[0])
         head_name, head = self._head(rec_g, out_g, x.shape[0])
         if leaf is None or head is None or not head.requires_grad:
-            self.results["batch_mixing"] = "skipped: the head output does not depend on the inputs"
+            self.result.batch_mixing = skipped("the head output does not depend on the inputs")
             return 1
-        self.results["probe_input"] = choice.description
+        self.result.probe_input = choice.description
         run = _GradientRun(rec_g, leaf, head_name, head, choice.description, deadline)
         self._batch_mixing(trainer, pl_module, run, watch)
         self._coupled(trainer, pl_module, run, coupling)
@@ -514,7 +527,7 @@ class StructureProbe(ProbeCallback):
             return
         name, shift, ignore = found
         causal = shift == 0 and self._is_causal(run)
-        self.results["labels"] = f"loss offset {shift}" + (" (causal model)" if causal else "")
+        self.result.labels = f"loss offset {shift}" + (" (causal model)" if causal else "")
         layout = locate_batch(batch, self.input_key, self.target_key)
         # where the labels are, for the realignment remedy (docs/remedies.md)
         labels = {"label_entry": layout.target_name, "input_entry": layout.input_name,
@@ -522,7 +535,7 @@ class StructureProbe(ProbeCallback):
                   "ignore_index": self.ignore_index if ignore is None else ignore}
         self.add_verdicts(trainer, rules.label_misaligned(
             shift, name, user_shifted=is_next_token(x, y, self.ignore_index),
-            model=self._lm_name(pl_module), sequences=int(x.shape[0]),
+            model=rules.lm_name(pl_module), sequences=int(x.shape[0]),
             length=int(x.shape[1]), causal_model=causal, labels=labels))
 
     def _is_causal(self, run: _GradientRun) -> bool:
@@ -535,16 +548,6 @@ class StructureProbe(ProbeCallback):
                                            retain_graph=True).leak
                        for pos in probe_positions(int(leaf.shape[1])))
 
-    @staticmethod
-    def _lm_name(pl_module: pl.LightningModule) -> str:
-        """The class of the language model inside (a transformers ``PreTrainedModel``, which
-        documents its own label shift), else the LightningModule's."""
-        for m in pl_module.modules():
-            if type(m).__module__.startswith("transformers.") and \
-                    type(m).__name__.endswith(("ForCausalLM", "LMHeadModel")):
-                return type(m).__name__
-        return type(pl_module).__name__
-
     def _batch_mixing(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                       run: _GradientRun, watch: LossWatch | None) -> None:
         """Does example 0's output (the head's, and the prediction given to the loss) depend on
@@ -556,58 +559,25 @@ class StructureProbe(ProbeCallback):
                 if (pred is not head and pred.requires_grad and pred.dim() >= 1
                         and pred.shape[0] == leaf.shape[0]):
                     outputs.append((f"the prediction given to `{fn_name}`", None, pred))
-        if leaf.shape[0] < 2:
-            self.results["batch_mixing"] = "skipped: a single example"
+        self.result.batch_mixing, mixed = rules.judge_batch_mixing(outputs, leaf, self.tolerance)
+        if mixed is None:
             return
-        self.results["batch_mixing"] = "ok"
-        for label, out_name, out in outputs:
-            # the first example, then the last: a recurrent layer that reads the batch axis as
-            # time (no `batch_first=True`) leaves example 0 alone and feeds every earlier
-            # example into the last one
-            for example in (0, int(leaf.shape[0]) - 1):
-                mix = example_dependence(out, leaf, example=example, tolerance=self.tolerance,
-                                         retain_graph=True)  # freed with the probe's references
-                if mix.mixing:
-                    break
-            if not mix.mixing:
-                continue
-            if pairwise_output(out, leaf, column=mix.worst_example or 1, tolerance=self.tolerance,
-                               retain_graph=True):
-                self.results["batch_mixing"] = (f"ok: {label} is an example-by-example score "
-                                                "matrix (in-batch pairs by design)")
-                return
-            self.results["batch_mixing"] = "mixing"
-
-            def mixes(t: Tensor, example: int = mix.example) -> bool:
-                if t.dim() < 1 or t.shape[0] <= example:
-                    return False
-                dep = example_dependence(t, leaf, example=example, tolerance=self.tolerance,
-                                         retain_graph=True)
-                return dep.mixing and not pairwise_output(t, leaf, column=dep.worst_example or 1,
-                                                          tolerance=self.tolerance, retain_graph=True)
-
-            first = run.rec.first_showing(leaf, mixes, run.deadline)
-            where = rules.where_sentence(first, "mixes examples", out_name is None,
-                                         type(pl_module).__name__)
-            self.add_verdict(trainer, rules.batch_mixing(
-                label, self._layer(first) or self._layer(out_name), first, where, mix,
-                run.probe_input, int(leaf.shape[0]),
-                time_major=rules.time_major_rnn(pl_module, first)))
-            return
+        label, out_name, mix = mixed
+        first = run.rec.first_showing(
+            leaf, lambda t: rules.mixes_examples(t, leaf, mix.example, self.tolerance), run.deadline)
+        where = rules.where_sentence(first, "mixes examples", out_name is None,
+                                     type(pl_module).__name__)
+        self.add_verdict(trainer, rules.batch_mixing(
+            label, self._layer(first) or self._layer(out_name), first, where, mix,
+            run.probe_input, int(leaf.shape[0]), time_major=rules.time_major_rnn(pl_module, first)))
 
     def _coupled(self, trainer: pl.Trainer, pl_module: pl.LightningModule, run: _GradientRun,
                  coupling: CouplingWatch) -> None:
         """The examples are independent per output and the objective couples them on purpose
         (a score matrix, in-batch similarities, batch statistics): said at info."""
-        result = str(self.results.get("batch_mixing", ""))
-        if not result.startswith("ok"):
-            return
-        score = result.split(" is an example-by-example", 1)[0][4:] if ": " in result else None
-        if score is None and not coupling.coupled:
-            return
-        self.add_verdict(trainer, rules.coupled_by_design(
-            f"the output of `{self._label(pl_module, run.head_name)}`", pairs=coupling.pairs,
-            statistics=coupling.statistics, score_matrix=score,
+        self.add_verdicts(trainer, rules.coupled_verdict(
+            self.result, f"the output of `{self._label(pl_module, run.head_name)}`",
+            coupled=coupling.coupled, pairs=coupling.pairs, statistics=coupling.statistics,
             batch_size=int(run.leaf.shape[0])))
 
     def _causal(self, trainer: pl.Trainer, pl_module: pl.LightningModule, run: _GradientRun,
@@ -618,19 +588,19 @@ class StructureProbe(ProbeCallback):
         if not (head.dim() >= 2 and leaf.dim() >= 2 and head.shape[1] == leaf.shape[1] >= 2):
             why = (f"the head output {tuple(head.shape)} and the probed input {tuple(leaf.shape)} do "
                    "not share a sequence length on dim 1")
-            self.results["causal"] = f"skipped: {why}"
+            self.result.causal = skipped(why)
             self._skipped(trainer, why, "Pass `forward_fn=` returning per-position outputs "
                           "`(N, T, ...)`.", part=f"causal probe ({reason})")
             return
         length = leaf.shape[1]
         positions = probe_positions(length)
-        self.results["causal"] = f"ok ({reason})"
+        self.result.causal = PartResult(Outcome.OK, reason=reason)
         for pos in positions:
             dep = position_dependence(head, leaf, pos, tolerance=self.tolerance,
                                       retain_graph=True)  # freed with the probe's references
             if not dep.leak:
                 continue
-            self.results["causal"] = f"leak ({reason})"
+            self.result.causal = PartResult(Outcome.LEAK, reason=reason)
 
             def leaks(t: Tensor, pos: int = pos) -> bool:
                 if t.dim() < 2 or t.shape[1] != length:
@@ -650,13 +620,13 @@ class StructureProbe(ProbeCallback):
     @override
     def extra_state(self) -> dict[str, Any]:
         return {"shape_trace": self.shape_trace, "trace_truncated": self.trace_truncated,
-                "results": self.results, "probe_seconds": self.probe_seconds}
+                "results": self.result.as_dict(), "probe_seconds": self.probe_seconds}
 
     @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         self.shape_trace = list(state.get("shape_trace", []))
         self.trace_truncated = int(state.get("trace_truncated", 0))
-        self.results = dict(state.get("results", {}))
+        self.result = StructureProbeResult.from_dict(state.get("results", {}))
         self.probe_seconds = state.get("probe_seconds")
 
 

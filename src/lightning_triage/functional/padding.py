@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -513,6 +513,36 @@ class PaddingLeak:
     first_module: str | None
 
 
+PaddingStatus = Literal["ok", "leak", "nondeterministic", "no_head", "unaligned", "skipped"]
+
+
+@dataclass
+class PaddingProbeResult:
+    """What :func:`probe_padding` found.
+
+    Attributes:
+        status: ``"ok"``, ``"leak"``, ``"nondeterministic"`` (the same batch run twice moved),
+            ``"no_head"`` (no head output found), ``"unaligned"`` (the head output is neither
+            per position nor pooled) or ``"skipped"`` (another rank could not run a pass).
+        leaks: one :class:`PaddingLeak` per perturbation that moved the real positions.
+        head: the head module's name (``None`` when none was found).
+        passes: the forward passes run.
+        noise: the relative difference of the twin run (``None`` when it did not run).
+        failed: pass name -> why it failed or did not run.
+        fewer: the padded positions removed by the ``"fewer"`` pass, when it ran.
+        shape: the head output's shape, for ``"unaligned"``.
+    """
+
+    status: PaddingStatus = "ok"
+    leaks: list[PaddingLeak] = field(default_factory=list)
+    head: str | None = None
+    passes: int = 1
+    noise: float | None = None
+    failed: dict[str, str] = field(default_factory=dict)
+    fewer: int | None = None
+    shape: list[int] | None = None
+
+
 #: Attributes that declare a model's longest input (Hugging Face configs, nanoGPT-style models).
 MAX_LENGTH_ATTRIBUTES = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
                          "max_sequence_length", "block_size", "context_length")
@@ -545,7 +575,7 @@ def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, m
                   ignore_index: int = -100, tolerance: float = DEFAULT_PADDING_TOLERANCE,
                   gate: Callable[[str, bool], bool] | None = None,
                   pass_errors: tuple[type[Exception], ...] = (),
-                  room: int | None = None, room_why: str = "") -> dict[str, Any]:
+                  room: int | None = None, room_why: str = "") -> PaddingProbeResult:
     """Run the padding probe with ``run(batch) -> Recording`` (the caller resets RNGs).
 
     Runs the batch twice (determinism control), then with other content at the padded
@@ -566,9 +596,8 @@ def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, m
     error), and the passes that ran keep their result.
 
     Returns:
-        ``{"status": "ok" | "leak" | "nondeterministic" | "no_head" | "unaligned",
-        "leaks": [PaddingLeak...], "head": name, "passes": int, "noise": relative difference of
-        the twin run, "failed": {pass name: error}}``.
+        A :class:`PaddingProbeResult`: the status, the leaks, the head, the passes run, the
+        twin run's noise and the passes that failed.
 
     Example:
         >>> class Pool(nn.Module):  # mean over every position: ignores the mask
@@ -584,24 +613,23 @@ def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, m
         ...         net(b["input_ids"])
         ...     return rec
         >>> result = probe_padding(run, batch, ids, find_padding_mask(batch, ids))
-        >>> result["status"], [(leak.perturbation, leak.first_module) for leak in result["leaks"]]
+        >>> result.status, [(leak.perturbation, leak.first_module) for leak in result.leaks]
         ('leak', [('content', 'out'), ('amount', 'out')])
     """
     ask = gate if gate is not None else (lambda name, ready: ready)
     first = run(batch)
     passes = 1
     head_entry = first.head
-    result: dict[str, Any] = {"status": "ok", "leaks": [], "passes": 1, "noise": None,
-                              "head": None if head_entry is None else head_entry[0]}
+    result = PaddingProbeResult(head=None if head_entry is None else head_entry[0])
     if head_entry is None:
-        result["status"] = "no_head"
+        result.status = "no_head"
     twin = run(batch) if ask("twin", head_entry is not None) else None
     passes += twin is not None
     if head_entry is not None and twin is not None:
-        result.update(_twin_check(head_entry[1], twin, mask, tolerance))
+        _twin_check(result, head_entry[1], twin, mask, tolerance)
     elif head_entry is not None:
-        result["status"] = "skipped"  # another rank could not run it
-    ready = result["status"] == "ok"
+        result.status = "skipped"  # another rank could not run it
+    ready = result.status == "ok"
     failed: dict[str, str] = {}
 
     def attempt(kind: str, make: Callable[[], Any]) -> Recording | None:
@@ -636,25 +664,28 @@ def probe_padding(run: Callable[[Any], Recording], batch: Any, inputs: Tensor, m
         kept = Recording([(name, i, t[rows.to(t.device)]) for name, i, t in first.outputs])
         real = mask.real[rows][:, :-cut] if mask.side == "right" else mask.real[rows][:, cut:]
         if rec is not None:
-            result["fewer"] = cut
+            result.fewer = cut
             leaks += _leak("fewer", rec, kept, real, cut if mask.side == "left" else 0, tolerance)
-    result.update(passes=passes, failed=failed)
+    result.passes, result.failed = passes, failed
     if leaks:
-        result.update(status="leak", leaks=leaks)
+        result.status, result.leaks = "leak", leaks
     return result
 
 
-def _twin_check(head: Tensor, twin: Recording, mask: PaddingMask,
-                tolerance: float) -> dict[str, Any]:
-    """The result entries of the determinism control: the same batch run twice."""
+def _twin_check(result: PaddingProbeResult, head: Tensor, twin: Recording, mask: PaddingMask,
+                tolerance: float) -> None:
+    """The determinism control (the same batch run twice) into ``result``."""
     twin_head = twin.head
     if twin_head is None or twin_head[1].shape != head.shape:
-        return {"status": "nondeterministic", "noise": math.inf}
+        result.status, result.noise = "nondeterministic", math.inf
+        return
     noise = compare_at_real(head, twin_head[1], mask.real, tolerance=tolerance)
     if noise is None:
-        return {"status": "unaligned", "shape": list(head.shape)}
-    return {"noise": noise.relative_diff,
-            **({"status": "nondeterministic"} if noise.moved else {})}
+        result.status, result.shape = "unaligned", list(head.shape)
+        return
+    result.noise = noise.relative_diff
+    if noise.moved:
+        result.status = "nondeterministic"
 
 
 def _leak(kind: Literal["content", "amount", "fewer"], base: Recording, other: Recording | None,
@@ -676,6 +707,8 @@ __all__ = [
     "MASK_KEYS",
     "PaddingLeak",
     "PaddingMask",
+    "PaddingProbeResult",
+    "PaddingStatus",
     "RealChange",
     "Recording",
     "compare_at_real",

@@ -2,7 +2,8 @@
 
 The rules of every stage return verdicts (e.g. ``functional.mode.train_mode_in_eval``,
 ``functional.init_verdicts.initial_loss_verdict``, ``functional.wiring_verdicts``, the update
-contracts' ledger ``functional.update_ledger.UpdateLedger``, ``functional.curve_verdicts``,
+contracts' ledger ``functional.update_ledger.UpdateLedger``, ``functional.curve_verdicts`` and
+the watches ``functional.curve_watch.CurveWatch`` and ``functional.gradient_watch.GradientWatch``,
 ``functional.worst.worst_errors_verdict``); the callbacks collect the inputs, call the rules and
 forward each verdict to the report as a :class:`~lightning_triage.findings.Finding`
 (``TriageCallback.add_verdict``), adding what only the run knows (epoch, rank, the check's

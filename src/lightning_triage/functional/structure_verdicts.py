@@ -11,6 +11,8 @@ functions decide and word the findings ``structure.shape_mismatch``, ``structure
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from enum import Enum
 from typing import Any
 
 from torch import Tensor, nn
@@ -21,8 +23,10 @@ from lightning_triage.functional.structure import (
     CausalDependence,
     OutputChange,
     broadcast_mismatch,
+    example_dependence,
     is_next_token,
     labels_are_inputs,
+    pairwise_output,
     parse_size_warning,
     target_shift,
 )
@@ -380,20 +384,243 @@ def padding_leak(head_label: str, first_label: str, head: str, mask: PaddingMask
     )
 
 
+# ---------------------------------------------------------------------- the probe's result
+_SCORE_MATRIX = " is an example-by-example score matrix (in-batch pairs by design)"
+
+
+class Outcome(str, Enum):
+    """How one part of the structure probe ended."""
+
+    OK = "ok"
+    LEAK = "leak"
+    MIXING = "mixing"
+    MISMATCH = "mismatch"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class PartResult:
+    """One part of the structure probe (the shape check, the target-leak, batch-mixing or causal
+    probe): its outcome and what qualifies it.
+
+    Attributes:
+        outcome: how it ended.
+        why: for :attr:`Outcome.SKIPPED`, why it could not run.
+        reason: why the part ran at all (the causal probe: ``"causal=True"``, next-token data).
+        score_matrix: for batch mixing judged ``ok``: the output (in words) that is an
+            example-by-example score matrix, mixing examples by design.
+
+    Example:
+        >>> str(PartResult(Outcome.SKIPPED, why="a single example"))
+        'skipped: a single example'
+        >>> PartResult.parse("leak (causal=True)") == PartResult(Outcome.LEAK, reason="causal=True")
+        True
+    """
+
+    outcome: Outcome
+    why: str = ""
+    reason: str = ""
+    score_matrix: str | None = None
+
+    def __str__(self) -> str:
+        if self.outcome is Outcome.SKIPPED:
+            return f"skipped: {self.why}"
+        text = self.outcome.value + (f" ({self.reason})" if self.reason else "")
+        return text + (f": {self.score_matrix}{_SCORE_MATRIX}" if self.score_matrix is not None
+                       else "")
+
+    @classmethod
+    def parse(cls, text: str) -> PartResult:
+        """The part as :meth:`__str__` wrote it (a checkpoint's state)."""
+        if text.startswith("skipped: "):
+            return cls(Outcome.SKIPPED, why=text.removeprefix("skipped: "))
+        if text.startswith("ok: ") and text.endswith(_SCORE_MATRIX):
+            return cls(Outcome.OK, score_matrix=text[4:-len(_SCORE_MATRIX)])
+        word, _, rest = text.partition(" (")
+        return cls(Outcome(word), reason=rest[:-1] if rest.endswith(")") else "")
+
+
+def skipped(why: str) -> PartResult:
+    """A part that could not run, and why."""
+    return PartResult(Outcome.SKIPPED, why=why)
+
+
+#: the parts of the probe, in the order they run (and are summed up in the check's detail)
+PARTS = ("shape", "target_leak", "batch_mixing", "causal")
+
+
+@dataclass
+class StructureProbeResult:
+    """What the structure probe ran and found (``StructureProbe.result``).
+
+    Attributes:
+        shape: the shape check of the first pass.
+        target_leak: the target-leak probe (pass 2).
+        batch_mixing: the batch-mixing probe (pass 3).
+        causal: the causal probe (pass 3), when causality was probed.
+        labels: the label alignment seen (``"loss offset 2"``), when it was judged.
+        head: the head output found: ``(module name, shape)``.
+        probe_input: what was made an autograd leaf for the gradient probes.
+        isolation: how the model was isolated (``"copy"`` or a snapshot's description).
+        forward_passes: the forward passes run.
+        user_code_calls: the calls of the user's code.
+        skipped: why the whole probe was skipped.
+        seconds: what the probe cost.
+
+    Example:
+        >>> result = StructureProbeResult(shape=PartResult(Outcome.OK))
+        >>> result.batch_mixing = skipped("a single example")
+        >>> result.as_dict()
+        {'shape': 'ok', 'batch_mixing': 'skipped: a single example'}
+        >>> StructureProbeResult.from_dict(result.as_dict()) == result
+        True
+    """
+
+    shape: PartResult | None = None
+    target_leak: PartResult | None = None
+    batch_mixing: PartResult | None = None
+    causal: PartResult | None = None
+    labels: str | None = None
+    head: tuple[str | None, list[int]] | None = None
+    probe_input: str | None = None
+    isolation: str | None = None
+    forward_passes: int | None = None
+    user_code_calls: int = 0
+    skipped: str | None = None
+    seconds: float | None = None
+
+    def checked(self) -> str:
+        """The parts that ran, for the check's detail (``"shape ok, target_leak leak"``)."""
+        return ", ".join(f"{name} {part}" for name in PARTS
+                         if (part := getattr(self, name)) is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (the checkpoint's state): the parts as their text, ``None`` left out."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or (f.name == "user_code_calls" and not value):
+                continue
+            if isinstance(value, PartResult):
+                value = str(value)
+            elif f.name == "head":
+                value = {"module": value[0], "shape": list(value[1])}
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> StructureProbeResult:
+        """Read :meth:`as_dict` (unknown keys ignored, missing ones at their defaults)."""
+        result = cls()
+        for name in PARTS:
+            if isinstance(state.get(name), str):
+                setattr(result, name, PartResult.parse(state[name]))
+        head = state.get("head")
+        if isinstance(head, Mapping):
+            result.head = (head.get("module"), [int(d) for d in head.get("shape", [])])
+        for name in ("labels", "probe_input", "isolation", "skipped"):
+            if state.get(name) is not None:
+                setattr(result, name, str(state[name]))
+        if state.get("forward_passes") is not None:
+            result.forward_passes = int(state["forward_passes"])
+        result.user_code_calls = int(state.get("user_code_calls", 0))
+        if state.get("seconds") is not None:
+            result.seconds = float(state["seconds"])
+        return result
+
+
+def coupled_verdict(result: StructureProbeResult, judged: str, *, coupled: bool,
+                    pairs: Sequence[Sequence[int]] = (), statistics: Sequence[str] = (),
+                    batch_size: int = 0) -> Verdict | None:
+    """``structure.batch_mixing`` at info when the examples are independent per output and the
+    objective couples them on purpose: an output that is an example-by-example score matrix
+    (``result.batch_mixing.score_matrix``), or ``coupled`` (in-batch similarities ``pairs``,
+    batch ``statistics``); ``None`` when batch mixing was not judged ``ok`` or nothing couples
+    the examples. See :func:`coupled_by_design`."""
+    part = result.batch_mixing
+    if part is None or part.outcome is not Outcome.OK:
+        return None
+    if part.score_matrix is None and not coupled:
+        return None
+    return coupled_by_design(judged, pairs=pairs, statistics=statistics,
+                             score_matrix=part.score_matrix, batch_size=batch_size)
+
+
+def mixes_examples(output: Tensor, leaf: Tensor, example: int, tolerance: float) -> bool:
+    """Whether ``example``'s row of ``output`` depends on the other examples of ``leaf``, other
+    than as an example-by-example score matrix (the graph is kept for the next question)."""
+    if output.dim() < 1 or output.shape[0] <= example:
+        return False
+    dep = example_dependence(output, leaf, example=example, tolerance=tolerance,
+                             retain_graph=True)
+    return dep.mixing and not pairwise_output(output, leaf, column=dep.worst_example or 1,
+                                              tolerance=tolerance, retain_graph=True)
+
+
+def judge_batch_mixing(outputs: Sequence[tuple[str, str | None, Tensor]], leaf: Tensor,
+                       tolerance: float) -> tuple[PartResult, tuple[str, str | None,
+                                                                    BatchDependence] | None]:
+    """Does an example's output depend on the other examples' inputs (``leaf``, the batch on
+    dim 0)? ``outputs``: ``(label, module name, tensor)``, the head's first.
+
+    Returns:
+        The batch-mixing part (skipped for a single example; ``ok`` with the ``score_matrix``
+        when the first output that mixes is an example-by-example score matrix, by design),
+        and for ``mixing`` the output that mixes with its dependence, else ``None``.
+    """
+    if leaf.shape[0] < 2:
+        return skipped("a single example"), None
+    for label, out_name, out in outputs:
+        # the first example, then the last: a recurrent layer that reads the batch axis as
+        # time (no `batch_first=True`) leaves example 0 alone and feeds every earlier
+        # example into the last one
+        for example in (0, int(leaf.shape[0]) - 1):
+            mix = example_dependence(out, leaf, example=example, tolerance=tolerance,
+                                     retain_graph=True)  # freed with the probe's references
+            if mix.mixing:
+                break
+        if not mix.mixing:
+            continue
+        if pairwise_output(out, leaf, column=mix.worst_example or 1, tolerance=tolerance,
+                           retain_graph=True):
+            return PartResult(Outcome.OK, score_matrix=label), None
+        return PartResult(Outcome.MIXING), (label, out_name, mix)
+    return PartResult(Outcome.OK), None
+
+
+def lm_name(module: nn.Module) -> str:
+    """The class of the language model inside (a transformers ``PreTrainedModel``, which
+    documents its own label shift), else ``module``'s."""
+    for m in module.modules():
+        if type(m).__module__.startswith("transformers.") and \
+                type(m).__name__.endswith(("ForCausalLM", "LMHeadModel")):
+            return type(m).__name__
+    return type(module).__name__
+
+
 __all__ = [
+    "PARTS",
     "SHOWN_POSITIONS",
+    "Outcome",
+    "PartResult",
+    "StructureProbeResult",
     "batch_mixing",
     "causal_leak",
     "causal_reason",
     "coupled_by_design",
+    "coupled_verdict",
     "framework_broadcasts",
+    "judge_batch_mixing",
     "label_misaligned",
+    "lm_name",
+    "mixes_examples",
     "padding_leak",
     "padding_nondeterministic",
     "padding_unaligned",
     "padding_unfinished",
     "probe_skipped",
     "shape_mismatch",
+    "skipped",
     "target_leak",
     "time_major_rnn",
     "where_sentence",

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from lightning_triage.functional import structure_rules as rules
+from lightning_triage.functional import structure_verdicts as rules
 from lightning_triage.functional.padding import PaddingLeak, PaddingMask, RealChange
 from lightning_triage.functional.structure import (
     BatchDependence,
     CausalDependence,
     OutputChange,
+)
+from lightning_triage.functional.structure_verdicts import (
+    Outcome,
+    PartResult,
+    StructureProbeResult,
+    coupled_verdict,
+    judge_batch_mixing,
+    skipped,
 )
 
 
@@ -103,7 +111,7 @@ def test_padding_verdicts() -> None:
 
 
 def test_labels_equal_to_inputs_need_a_shift_in_the_loss_to_be_next_token_data() -> None:
-    from lightning_triage.functional.structure_rules import causal_reason
+    from lightning_triage.functional.structure_verdicts import causal_reason
 
     ids = torch.tensor([[5, 6, 7, 8, 0, 0], [9, 3, 4, 2, 7, 1]])
     labels = ids.masked_fill(ids == 0, -100)
@@ -119,3 +127,55 @@ def test_labels_equal_to_inputs_need_a_shift_in_the_loss_to_be_next_token_data()
     mlm = torch.full_like(ids, -100)
     mlm[0, 1], mlm[1, 3] = 6, 2
     assert causal_reason(None, ids, mlm, -100, [mlm[:, 1:].reshape(-1)]) is None
+
+
+# ---------------------------------------------------------------------- the probe's typed result
+def test_each_part_reads_back_from_its_text() -> None:
+
+    parts = [PartResult(Outcome.OK), PartResult(Outcome.MISMATCH), PartResult(Outcome.MIXING),
+             PartResult(Outcome.LEAK, reason="next-token data"), skipped("a single example"),
+             PartResult(Outcome.OK, score_matrix="the output of `SimCLR`")]
+    texts = [str(p) for p in parts]
+    assert texts[3] == "leak (next-token data)"
+    assert texts[5] == ("ok: the output of `SimCLR` is an example-by-example score matrix "
+                        "(in-batch pairs by design)")
+    assert [PartResult.parse(t) for t in texts] == parts
+
+
+def test_the_result_round_trips_and_sums_up_the_parts_in_order() -> None:
+
+    result = StructureProbeResult(head=("classifier", [8, 3]), isolation="copy")
+    result.causal = PartResult(Outcome.OK, reason="causal=True")
+    result.shape = PartResult(Outcome.OK)
+    result.target_leak = skipped("no targets found in the batch")
+    result.user_code_calls = 3
+    assert result.checked() == ("shape ok, target_leak skipped: no targets found in the batch, "
+                                "causal ok (causal=True)")
+    state = result.as_dict()
+    assert state["head"] == {"module": "classifier", "shape": [8, 3]}
+    assert "batch_mixing" not in state and "labels" not in state
+    assert StructureProbeResult.from_dict(state) == result
+    assert StructureProbeResult().as_dict() == {}
+
+
+def test_the_score_matrix_exception_is_decided_here() -> None:
+
+    x = torch.randn(6, 4, requires_grad=True)
+    sim = x @ x.T  # a similarity matrix: example i's row reads every example, by design
+    part, mixed = judge_batch_mixing([("the output of `Net`", "net", sim)], x, 1e-6)
+    assert part == PartResult(Outcome.OK, score_matrix="the output of `Net`") and mixed is None
+    verdict = coupled_verdict(StructureProbeResult(batch_mixing=part), "the output of `Net`",
+                              coupled=False, batch_size=6)
+    assert verdict is not None and verdict.code == "structure.batch_mixing"
+    assert verdict.severity == "info"
+
+    mixing = x - x.mean(0, keepdim=True)  # batch statistics in the forward: mixing
+    part, mixed = judge_batch_mixing([("the output of `Net`", "net", mixing)], x, 1e-6)
+    assert part.outcome is Outcome.MIXING and mixed is not None and mixed[1] == "net"
+    assert coupled_verdict(StructureProbeResult(batch_mixing=part), "x", coupled=True) is None
+
+    alone = x * 2.0  # each example on its own: ok, and nothing couples them
+    part, mixed = judge_batch_mixing([("the output of `Net`", "net", alone)], x, 1e-6)
+    assert part == PartResult(Outcome.OK) and mixed is None
+    assert coupled_verdict(StructureProbeResult(batch_mixing=part), "x", coupled=False) is None
+    assert judge_batch_mixing([("o", None, alone[:1])], x[:1], 1e-6)[0].outcome is Outcome.SKIPPED
