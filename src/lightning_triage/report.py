@@ -235,6 +235,9 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
     else:
         text += f"{remedy.get('change', '')}, "
     text += (f"loss after {replayed or 'the replay'}: {_loss_text(before)} -> {_loss_text(after)}")
+    placebo = remedy.get("placebo")
+    if isinstance(placebo, Mapping) and "loss" in placebo:
+        text += f" (placebo, the batches reordered: {_loss_text(placebo)})"
     if verdict == "not confirmed":
         tried = remedy.get("tried") or []
         if tried:

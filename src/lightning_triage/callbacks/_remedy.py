@@ -38,15 +38,18 @@ from lightning_triage.functional.remedy import (
     Replay,
     decide_remedy,
     next_candidate,
+    partly,
     remedy_kind,
     remedy_works,
     with_remedy,
 )
 from lightning_triage.functional.remedy_plan import (
     AS_IS,
+    PLACEBO_CHANGE,
     RemedyPlan,
     ReplayFacts,
     Variant,
+    placebo,
     plan_remedy,
     recorded_inputs,
 )
@@ -107,7 +110,10 @@ def unavailable(trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | Non
         return (f"the `{type(trainer.strategy).__name__}` shards the model: a copy on one rank "
                 "is not the model")
     if not pl_module.automatic_optimization:
-        return "manual optimization: the replay runs Lightning's automatic step only"
+        return ("manual optimization: `training_step` runs its own backward and optimizer step "
+                "(`manual_backward`, `opt.step()`), so the replay has no point between them at "
+                "which to change the learning rate, clip or zero the gradients; it replays "
+                "Lightning's automatic step only")
     if len(trainer.optimizers) != 1:
         return f"{len(trainer.optimizers)} optimizers: the replay steps exactly one"
     if any(is_lazy(t) for t in (*pl_module.parameters(), *pl_module.buffers())):
@@ -254,7 +260,8 @@ class _Trial:
             set_rng_state(rec.rng)
 
     def _batch(self, i: int, measuring: bool = False) -> Any:
-        batch = self.recorder.batches[i]
+        order = self.variant.order
+        batch = self.recorder.batches[order[i] if order is not None and not measuring else i]
         transform = self.measure if measuring and self.measure is not None else \
             self.variant.transform
         if transform is not None:
@@ -413,21 +420,45 @@ def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Reme
                 (len(missing), sum(p.numel() for p in missing)), labels), th)
             if isinstance(plan, str):
                 return {**block, "reason": plan}
-            remedied: list[tuple[float | str, Replay]] = []
-            if plan.symptom[0]:
-                for key, variant in plan.variants:
-                    trial.reset(variant)
-                    remedied.append((key, trial.replay()))
-                    if remedy_works(start, as_is, remedied[-1][1], th)[0]:
-                        break
+            remedied, control = _remedied(trial, plan, start, as_is, th, spec.placebo) \
+                if plan.symptom[0] else ([], None)
     except _OutOfTimeError:
         return {**block, "reason": f"ran out of its time budget of {budget:.0f} s"}
     finally:
         recorder.seconds += time.perf_counter() - started
     decision = decide_remedy(kind, start, as_is, remedied, th,  # type: ignore[arg-type]
-                             symptom=plan.symptom)
-    return _block(kind, plan, decision, base, start, as_is, remedied,
-                  round(time.perf_counter() - started, 3))
+                             symptom=plan.symptom,
+                             placebo=control if isinstance(control, Replay) else None)
+    block = _block(kind, plan, decision, base, start, as_is, remedied,
+                   round(time.perf_counter() - started, 3))
+    if control is not None:
+        block["placebo"] = {"change": PLACEBO_CHANGE, **(
+            {"skipped": control} if isinstance(control, str) else
+            {**control.summary(), "passes": remedy_works(start, as_is, control, th)[0]})}
+    return block
+
+
+def _remedied(trial: _Trial, plan: RemedyPlan, start: Sequence[float], as_is: Replay,
+              th: RemedyThresholds, with_placebo: bool
+              ) -> tuple[list[tuple[float | str, Replay]], Replay | str | None]:
+    """The plan's variants replayed in order up to the first that works, and, for a kind that
+    needs one (the table's ``placebo``), the placebo of that confirmation (a string: why it did
+    not run)."""
+    remedied: list[tuple[float | str, Replay]] = []
+    for key, variant in plan.variants:
+        trial.reset(variant)
+        remedied.append((key, trial.replay()))
+        if remedy_works(start, as_is, remedied[-1][1], th)[0]:
+            break
+    else:
+        return remedied, None
+    if not with_placebo:
+        return remedied, None
+    try:
+        trial.reset(placebo(len(trial.recorder.batches)))
+        return remedied, trial.replay()
+    except _OutOfTimeError:
+        return remedied, "ran out of the trial's time budget"
 
 
 def _block(kind: str, plan: RemedyPlan, decision: RemedyDecision, base: Sequence[float],
@@ -564,6 +595,7 @@ def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Re
         return findings
     if block["verdict"] == "not confirmed":
         block["reason"] += _other_settings(trainer)
+    block = partly(kind, block, findings)
     findings[index] = with_remedy(findings[index], block)
     if block["verdict"] == "not confirmed":
         findings[index] = with_remedy(findings[index], {

@@ -95,6 +95,12 @@ class RemedySpec:
         buffers: the mode-stage symptom includes running statistics a pass updates.
         left_over: what a mode-stage remedy that does not cure the symptom leaves, in words.
         thresholds: the margins of a replayed kind's decision.
+        placebo: a confirmation must also beat a placebo: the same batches replayed unchanged
+            in another order must not pass the same margin (a factor-1 change needs no replay:
+            the as-is replay is one, identical from the same state).
+        cannot_cure: the codes whose finding, when it remains in the run, makes a confirmation
+            of this kind partial: the change speeds the loss up around a cause it cannot
+            remove (a part that never trains, a loss fed probabilities).
     """
 
     kind: RemedyKind
@@ -117,6 +123,8 @@ class RemedySpec:
     buffers: bool = False
     left_over: str = ""
     thresholds: RemedyThresholds = field(default_factory=RemedyThresholds)
+    placebo: bool = False
+    cannot_cure: tuple[str, ...] = ()
 
     @property
     def tried(self) -> bool:
@@ -126,22 +134,27 @@ class RemedySpec:
 
 _BLOWS_UP = ("the as-is replay's loss goes non-finite, rises above `rise_ratio` x its start, or "
              "falls by less than `low_progress`")
+#: What a learning-rate change cannot cure: parts of the model that never train, a loss fed
+#: probabilities (the rest of the model learns faster around them).
+_STRUCTURAL = ("wiring.unregistered_params", "wiring.frozen_at_init", "wiring.no_grad_params",
+               "overfit.loss_on_probabilities")
 _TABLE: tuple[RemedySpec, ...] = (
     RemedySpec("lr_down", "replay", "every param group's learning rate / 10",
                _BLOWS_UP,
-               lr="down"),
+               lr="down", placebo=True, cannot_cure=_STRUCTURAL),
     RemedySpec("lr_up", "replay", "every param group's learning rate x 10",
                "the as-is replay's loss stays finite and falls by less than `low_progress`",
-               lr="up"),
+               lr="up", placebo=True, cannot_cure=_STRUCTURAL),
     RemedySpec("lr_down_clip", "replay",
                "every param group's learning rate / 10 and the gradients clipped at the median "
                "norm of the as-is replay",
                _BLOWS_UP,
-               lr="down", clip=True),
+               lr="down", clip=True, placebo=True, cannot_cure=_STRUCTURAL),
     RemedySpec("standardize_input", "replay",
                "the main input standardized per channel with the recorded batches' statistics",
                "the recorded inputs are far from standardized (the data stage's scale rules)",
-               label="standardized", transform="standardize", symptom_from="inputs"),
+               label="standardized", transform="standardize", symptom_from="inputs",
+               placebo=True),
     RemedySpec("zero_grads", "replay", "the gradients zeroed before every backward",
                "the as-is replay finds gradients of earlier steps at a backward",
                label="zeroed", zero_grads=True, symptom_from="stale_grads", direct=True,

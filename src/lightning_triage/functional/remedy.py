@@ -311,7 +311,8 @@ def remedy_works(start: Sequence[float], as_is: Replay, remedied: Replay,
 def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
                   remedied: Sequence[tuple[float | str, Replay]],
                   thresholds: RemedyThresholds | None = None,
-                  symptom: tuple[bool, str] | None = None) -> RemedyDecision:
+                  symptom: tuple[bool, str] | None = None,
+                  placebo: Replay | None = None) -> RemedyDecision:
     """The verdict of a remedy over the replays.
 
     Args:
@@ -323,6 +324,9 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
         symptom: whether the as-is replay showed the symptom, and what it showed, when the
             caller observed it on the copy (stale gradients, parameters no optimizer holds,
             inputs far from standardized); by default :func:`symptom_reproduced` over the losses.
+        placebo: the same batches replayed with nothing changed but their order: a remedy that
+            works is confirmed only if this replay does not pass the same margin against the
+            as-is one (``"inconclusive"`` otherwise: the order alone moves the loss as much).
 
     Example:
         >>> blew_up = Replay([2.3, 40.0, float("inf")])
@@ -341,6 +345,12 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
     reasons = []
     for factor, replay in remedied:
         ok, why = remedy_works(start, as_is, replay, th)
+        if ok and placebo is not None and remedy_works(start, as_is, placebo, th)[0]:
+            return RemedyDecision("inconclusive", f"{what}; with the remedy "
+                                  f"({_factor(kind, factor)}) {why}, but so does the placebo "
+                                  "(nothing changed, the batches in another order: loss "
+                                  f"{_fmt(placebo.end_loss)}): the replay's order alone moves "
+                                  "the loss as much", None, tried)
         if ok:
             return RemedyDecision("confirmed", f"{what}; with the remedy ({_factor(kind, factor)}) "
                                   f"{why}", factor, tried)
@@ -391,6 +401,31 @@ def next_candidate(findings: Sequence[Finding], challenged: Finding) -> str | No
     return start_here(rest)
 
 
+def partly(kind: RemedyKind, block: dict[str, Any], findings: Sequence[Finding]
+           ) -> dict[str, Any]:
+    """``block`` of a confirmed remedy, made partial when a finding of the run that ``kind``
+    cannot cure remains (the table's ``cannot_cure``: a part that never trains, a loss fed
+    probabilities): the verdict ``"inconclusive"``, the reason ``"partly: ..."``, and the
+    finding named in ``remains`` (the loss falls faster, the cause stays).
+
+    Example:
+        >>> frozen = Finding.create("wiring.frozen_at_init", "head frozen", check="T")
+        >>> b = partly("lr_up", {"verdict": "confirmed", "reason": "it ends lower"}, [frozen])
+        >>> b["verdict"], b["remains"], b["reason"][:44]
+        ('inconclusive', 'wiring.frozen_at_init', 'partly: the loss falls faster (it ends lower')
+    """
+    if block.get("verdict") != "confirmed":
+        return block
+    cannot = REMEDIES[kind].cannot_cure
+    left = next((f for f in findings if f.code in cannot and f.is_problem), None)
+    if left is None:
+        return block
+    return {**block, "verdict": "inconclusive", "remains": left.code,
+            "reason": f"partly: the loss falls faster ({block.get('reason', '')}), but "
+                      f"`{left.code}` remains ({left.title.lower()}): the change cannot remove "
+                      "it, so it is the cause to fix first"}
+
+
 def with_remedy(finding: Finding, block: dict[str, Any]) -> Finding:
     """``finding`` carrying ``block`` (its message unchanged)."""
     return replace(finding, remedy=dict(block))
@@ -413,6 +448,7 @@ __all__ = [
     "decide_remedy",
     "input_scale_symptom",
     "next_candidate",
+    "partly",
     "remedy_kind",
     "remedy_works",
     "standardize",

@@ -46,6 +46,7 @@ class Variant:
         transform: applied to every recorded batch.
         zero_grads: zero before every backward instead of the model's hook.
         add_missing: the parameters no param group holds added to a new one.
+        order: the recorded batches' order in the replay (``None``: as recorded).
     """
 
     label: str = "as is"
@@ -54,9 +55,20 @@ class Variant:
     transform: Callable[[Any], Any] | None = None
     zero_grads: bool = False
     add_missing: bool = False
+    order: tuple[int, ...] | None = None
 
 
 AS_IS = Variant()
+
+
+def placebo(steps: int) -> Variant:
+    """The placebo of a confirmation: nothing changed but the order of the batches (reversed)."""
+    return Variant(PLACEBO_LABEL, order=tuple(reversed(range(steps))))
+
+
+#: The placebo's label and change, in the report's words.
+PLACEBO_LABEL = "placebo"
+PLACEBO_CHANGE = "nothing changed, the same batches replayed in reverse order"
 
 
 @dataclass(frozen=True)
@@ -257,5 +269,17 @@ def plan_remedy(kind: str, start: Sequence[float], as_is: Replay, facts: ReplayF
                                                      add_missing=spec.add_missing))], change)
 
 
-__all__ = ["AS_IS", "RemedyPlan", "ReplayFacts", "Variant", "channel_stats", "input_scale_symptom",
-           "plan_remedy", "recorded_inputs", "standardize"]
+__all__ = [
+    "AS_IS",
+    "PLACEBO_CHANGE",
+    "PLACEBO_LABEL",
+    "RemedyPlan",
+    "ReplayFacts",
+    "Variant",
+    "channel_stats",
+    "input_scale_symptom",
+    "placebo",
+    "plan_remedy",
+    "recorded_inputs",
+    "standardize",
+]
