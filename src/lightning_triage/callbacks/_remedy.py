@@ -61,6 +61,7 @@ from lightning_triage.probing import (
     rng_state,
     run_user_step,
     set_rng_state,
+    step_caller,
     step_loss,
     user_code,
 )
@@ -400,7 +401,8 @@ def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Reme
     started = time.perf_counter()
     recorder.trials += 1
     try:
-        with progress(trainer, "trying the lead's fix on a copy", budget, spec.change), \
+        with step_caller("trial"), \
+                progress(trainer, "trying the lead's fix on a copy", budget, spec.change), \
                 probe_module(trainer, pl_module, trainer.optimizers, factor=3.0) as probe, \
                 _no_warnings():
             if not probe.copied:
