@@ -235,9 +235,6 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
     else:
         text += f"{remedy.get('change', '')}, "
     text += (f"loss after {replayed or 'the replay'}: {_loss_text(before)} -> {_loss_text(after)}")
-    placebo = remedy.get("placebo")
-    if isinstance(placebo, Mapping) and "loss" in placebo:
-        text += f" (placebo, the batches reordered: {_loss_text(placebo)})"
     if verdict == "not confirmed":
         tried = remedy.get("tried") or []
         if tried:
@@ -710,9 +707,6 @@ def print_report(report: Mapping[str, Any], console: Any | None = None,
                                   (0, 0, 0, 2)))
     else:
         console.print(Text("No problems found.", style="bold green"))
-    calls = step_calls_line(run)
-    if calls:
-        console.print(Text(plain(calls.replace("`", "")), style="dim"))
     counts = _counts(report)
     problems = [f for f in report.get("findings", []) if f["severity"] != "info"]
     if problems:
