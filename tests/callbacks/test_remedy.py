@@ -59,7 +59,15 @@ def test_learning_rate_leads_of_the_scenarios_are_confirmed(tmp_path: Path, name
     else:
         assert remedy["after"]["loss"] < remedy["before"]["loss"]
     assert triage.report.remedies.trials == 1
-    assert "Remedy: confirmed on a copy: lr " in (tmp_path / "triage_report.md").read_text()
+    text = (tmp_path / "triage_report.md").read_text()
+    assert "Remedy: confirmed on a copy: lr " in text
+    # the confirmation beat its placebo (the same batches, unchanged, in reverse order)
+    assert remedy["placebo"]["passes"] is False
+    # the user's training_step calls of this fit, by who made them
+    calls = report["run"]["training_step_calls"]
+    assert calls["fit"] == report["run"]["global_step"]  # one per step: no accumulation
+    assert calls["trial"] >= 3 * remedy["before"]["steps"]  # as is, remedied, placebo
+    assert "`training_step` calls:" in text.replace("\\", "")
 
 
 class DecayedMLP(DigitsMLP):

@@ -14,6 +14,7 @@ from lightning_triage.functional.remedy import (
     Replay,
     decide_remedy,
     next_candidate,
+    partly,
     remedy_kind,
     remedy_works,
     symptom_reproduced,
@@ -246,3 +247,30 @@ def test_the_html_plots_the_replays_before_and_after() -> None:
     assert caption in render_html(report)
     # no remedy trial with replays: no plot
     assert caption not in render_html(build_report([f], status="completed", run=run))
+
+
+def test_a_remedy_that_works_no_better_than_its_placebo_is_not_confirmed() -> None:
+    as_is = replay([2.3, 2.2, 2.4, 2.3, 2.3, 2.2])
+    cured = replay([1.1, 1.0, 1.2, 1.1, 1.0, 1.1])
+    neutral = replay([2.29, 2.21, 2.41, 2.3, 2.31, 2.2])
+    kept = decide_remedy("lr_up", START, as_is, [(10.0, cured)], placebo=neutral)
+    assert kept.verdict == "confirmed"
+    lucky = decide_remedy("lr_up", START, as_is, [(10.0, cured)], placebo=cured)
+    assert lucky.verdict == "inconclusive"
+    assert "placebo" in lucky.reason
+
+
+def test_a_learning_rate_remedy_is_partial_while_a_part_never_trains() -> None:
+    frozen = Finding.create("wiring.frozen_at_init", "head frozen", check="T")
+    confirmed = {"kind": "lr_up", "verdict": "confirmed", "change": "lr x 10",
+                 "reason": "ends lower", "placebo": {"change": "reversed", "loss": 2.3,
+                                                     "passes": False}}
+    block = partly("lr_up", confirmed, [frozen])
+    assert (block["verdict"], block["remains"]) == ("inconclusive", "wiring.frozen_at_init")
+    assert block["reason"].startswith("partly: the loss falls faster")
+    assert partly("lr_up", confirmed, []) is confirmed
+    assert partly("standardize_input", confirmed, [frozen]) is confirmed
+    fixed = with_remedy(Finding.create("curve.lr_too_low", "slow", check="T"), block)
+    report = build_report([fixed, frozen], status="completed", run=broken_report()["run"])
+    validate_report(report)
+    assert report["start_here"] == "wiring.frozen_at_init"

@@ -35,6 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.overrides import TorchFunctionMode
 
 from lightning_triage._compat import forward_context, hook_takes, is_overridden
+from lightning_triage.codes.remedies import REMEDIES
 from lightning_triage.functional.batch import BatchKey
 from lightning_triage.functional.draws import DROPOUTS, SDPA_DROPOUT_ARG
 from lightning_triage.functional.eval_contracts import first_divergence
@@ -51,16 +52,6 @@ from lightning_triage.probing.recording import CallTrace
 
 #: The random states of the two passes (the determinism probe's).
 SEEDS = (1, 2)
-
-#: What each kind changes, in the report's words.
-CHANGES: dict[str, str] = {
-    "eval_mode": "the validation path run with every layer in eval mode (forced at each layer's "
-                 "forward, whatever `.train()` the hooks call)",
-    "gate_dropout": "the validation path run with its dropout calls gated on the mode "
-                    "(`F.dropout*` as in eval mode, `scaled_dot_product_attention` with "
-                    "`dropout_p=0`)",
-}
-
 
 
 class _DropoutGate(TorchFunctionMode):
@@ -149,19 +140,20 @@ def _one_pass(trainer: pl.Trainer, pl_module: pl.LightningModule, small: Any, ki
         if not probe.copied:
             raise ProbeUnavailableError(f"no copy of the model ({probe.how})")
         module = probe.module
-        if kind == "gate_dropout":
+        spec = REMEDIES[kind]
+        if spec.passes_in_eval:
             module.eval()  # as the determinism probe ran it; "eval_mode" keeps the modes seen
         object.__setattr__(module, "log", logged.log)
         object.__setattr__(module, "log_dict", logged.log_dict)
         stats = _running_stats(module)
         with ExitStack() as stack:
-            if remedy and kind == "eval_mode":
+            if remedy and spec.force_eval:
                 stack.enter_context(_forced_eval(module))
             stack.enter_context(trace.attached(module))
             stack.enter_context(torch.no_grad())
             stack.enter_context(forward_context(trainer))
             stack.enter_context(user_code())
-            if remedy and kind == "gate_dropout":
+            if remedy and spec.gate_dropout:
                 stack.enter_context(gate)
             _seed_all(seed)
             step = module.validation_step
@@ -195,7 +187,8 @@ def eval_remedy_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, batch:
     """The ``remedy`` block of a mode-stage remedy (``kind``: ``"eval_mode"`` or
     ``"gate_dropout"``) tried on ``batch``'s first ``max_examples`` examples (see the module
     docstring). Never raises for the user's code: a failure is a ``"skipped"`` block."""
-    block: dict[str, Any] = {"kind": kind, "change": CHANGES[kind], "verdict": "skipped"}
+    spec = REMEDIES[kind]
+    block: dict[str, Any] = {"kind": kind, "change": spec.change, "verdict": "skipped"}
     if not is_overridden("validation_step", pl_module):
         return {**block, "reason": "the model has no `validation_step` to run"}
     if trainer.world_size > 1 and any(isinstance(m, nn.SyncBatchNorm)
@@ -213,8 +206,8 @@ def eval_remedy_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, batch:
     except ProbeUnavailableError as exc:
         return {**block, "reason": str(exc)}
     decision = decide_eval_remedy(kind, as_is, remedied)  # type: ignore[arg-type]
-    change = CHANGES[kind]
-    if kind == "gate_dropout":
+    change = spec.change
+    if spec.gate_dropout:
         change += f": {gate.gated // len(SEEDS)} call(s) per pass gated"
     return {"kind": kind, "change": change, "before": as_is.summary(),
             "after": remedied.summary(), "verdict": decision.verdict,
@@ -222,4 +215,4 @@ def eval_remedy_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, batch:
             "seconds": round(time.perf_counter() - started, 3)}
 
 
-__all__ = ["CHANGES", "dropout_gate", "eval_remedy_trial"]
+__all__ = ["dropout_gate", "eval_remedy_trial"]

@@ -13,7 +13,7 @@ from torch import Tensor
 from lightning_triage._compat import forward_context, training_step_args
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.functional.nonfinite import Localization, float32_state, localize_nonfinite
-from lightning_triage.probing import probe_module, step_loss
+from lightning_triage.probing import count_step_call, probe_module, step_loss
 
 
 def to_float32(batch: Any) -> Any:
@@ -52,6 +52,7 @@ def replay_step(trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, 
 
         def step() -> Tensor | None:
             on_call()
+            count_step_call()
             return step_loss(model.training_step(*args))
 
         if rng is not None:

@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -27,29 +27,31 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
 from lightning_triage._compat import grad_scaler, is_overridden
-from lightning_triage.callbacks._mode_remedy import CHANGES as MODE_CHANGES
 from lightning_triage.callbacks._progress import progress
 from lightning_triage.callbacks._shared import sharded_strategy
-from lightning_triage.findings import Finding, sort_findings
-from lightning_triage.functional.batch import locate_batch
+from lightning_triage.codes.remedies import REMEDIES, RemedyThresholds
+from lightning_triage.findings import Finding
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.functional.realign import LabelPlan, label_plan, label_symptom
 from lightning_triage.functional.remedy import (
-    EVAL_KINDS,
-    EXPERIMENT_KINDS,
-    LR_KINDS,
     RemedyDecision,
-    RemedyThresholds,
     Replay,
-    channel_stats,
     decide_remedy,
-    input_scale_symptom,
     next_candidate,
+    partly,
     remedy_kind,
     remedy_works,
-    standardize,
-    symptom_reproduced,
     with_remedy,
+)
+from lightning_triage.functional.remedy_plan import (
+    AS_IS,
+    PLACEBO_CHANGE,
+    RemedyPlan,
+    ReplayFacts,
+    Variant,
+    placebo,
+    plan_remedy,
+    recorded_inputs,
 )
 from lightning_triage.probing import (
     ProbeUnavailableError,
@@ -59,10 +61,11 @@ from lightning_triage.probing import (
     rng_state,
     run_user_step,
     set_rng_state,
+    step_caller,
     step_loss,
     user_code,
 )
-from lightning_triage.ranking import explain_findings, settle_suspicions, start_here
+from lightning_triage.ranking import rank, settle_suspicions
 
 #: Recorded batches replayed (and measured after each replay).
 REPLAY_STEPS = 30
@@ -108,7 +111,10 @@ def unavailable(trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | Non
         return (f"the `{type(trainer.strategy).__name__}` shards the model: a copy on one rank "
                 "is not the model")
     if not pl_module.automatic_optimization:
-        return "manual optimization: the replay runs Lightning's automatic step only"
+        return ("manual optimization: `training_step` runs its own backward and optimizer step "
+                "(`manual_backward`, `opt.step()`), so the replay has no point between them at "
+                "which to change the learning rate, clip or zero the gradients; it replays "
+                "Lightning's automatic step only")
     if len(trainer.optimizers) != 1:
         return f"{len(trainer.optimizers)} optimizers: the replay steps exactly one"
     if any(is_lazy(t) for t in (*pl_module.parameters(), *pl_module.buffers())):
@@ -206,21 +212,6 @@ def _scale_lr(optimizer: torch.optim.Optimizer, schedulers: Sequence[Any], facto
                 setattr(sched, attr, [v * factor for v in values])
 
 
-@dataclass(frozen=True)
-class _Variant:
-    """One replay's change (nothing: the as-is replay)."""
-
-    label: str = "as is"
-    lr_factor: float = 1.0
-    clip: float | None = None  # a total-norm clip besides the run's own
-    transform: Callable[[Any], Any] | None = None  # applied to every recorded batch
-    zero_grads: bool = False  # zero before every backward instead of the model's hook
-    add_missing: bool = False  # the parameters no param group holds added to a new one
-
-
-_AS_IS = _Variant()
-
-
 class _Trial:
     """The copy, its optimizer and schedulers, and a way back to the fit's starting state."""
 
@@ -237,7 +228,7 @@ class _Trial:
         self.deadline = deadline
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.groups = len(optimizer.param_groups)
-        self.variant = _AS_IS
+        self.variant = AS_IS
         self.measure: Callable[[Any], Any] | None = None  # applied to the evaluation batches
         self.norms: list[float] = []  # total gradient norm of each optimizer step (pre-clip)
         self.stale_steps = 0  # steps whose backward found gradients left from before
@@ -247,7 +238,7 @@ class _Trial:
         held = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
         return [p for p in self.model.parameters() if p.requires_grad and id(p) not in held]
 
-    def reset(self, variant: _Variant = _AS_IS) -> None:
+    def reset(self, variant: Variant = AS_IS) -> None:
         rec = self.recorder
         assert rec.model_state is not None
         assert rec.optimizer_state is not None
@@ -270,7 +261,8 @@ class _Trial:
             set_rng_state(rec.rng)
 
     def _batch(self, i: int, measuring: bool = False) -> Any:
-        batch = self.recorder.batches[i]
+        order = self.variant.order
+        batch = self.recorder.batches[order[i] if order is not None and not measuring else i]
         transform = self.measure if measuring and self.measure is not None else \
             self.variant.transform
         if transform is not None:
@@ -369,89 +361,6 @@ def _budget(recorder: RemedyRecorder) -> float:
     return min(TIME_CAP_S, max(TIME_FLOOR_S, TIME_SHARE * elapsed))
 
 
-#: What each replayed kind changes, in the report's words (before the numbers are known).
-CHANGES: dict[str, str] = {
-    "lr_down": "every param group's learning rate / 10",
-    "lr_up": "every param group's learning rate x 10",
-    "lr_down_clip": "every param group's learning rate / 10 and the gradients clipped at the "
-                    "median norm of the as-is replay",
-    "standardize_input": "the main input standardized per channel with the recorded batches' "
-                         "statistics",
-    "zero_grads": "the gradients zeroed before every backward",
-    "add_params": "the parameters no optimizer holds added to a param group (the first "
-                  "group's hyperparameters)",
-    "realign_labels": "the batch's labels moved by the offset the structure probe found",
-}
-
-
-def _inputs(batches: Sequence[Any]) -> list[Tensor]:
-    found = [locate_batch(b).inputs for b in batches]
-    return [x for x in found if x is not None and x.is_floating_point() and x.ndim >= 1]
-
-
-def _standardizer(batches: Sequence[Any]) -> tuple[Callable[[Any], Any], Tensor, Tensor]:
-    mean, std = channel_stats(_inputs(batches))
-
-    def transform(batch: Any) -> Any:
-        x = locate_batch(batch).inputs
-        return map_tensors(lambda t: standardize(t, mean, std) if t is x else t, batch)
-
-    return transform, mean, std
-
-
-def _median(values: Sequence[float]) -> float | None:
-    finite = sorted(v for v in values if math.isfinite(v) and v > 0)
-    return finite[len(finite) // 2] if finite else None
-
-
-@dataclass
-class _Plan:
-    """What a trial tries after the as-is replay, and whether that replay showed the symptom."""
-
-    symptom: tuple[bool, str]
-    variants: list[tuple[float | str, _Variant]]
-    change: str
-    clip: float | None = None
-
-
-def _plan(kind: str, trial: _Trial, start: Sequence[float], as_is: Replay,
-          missing: Sequence[nn.Parameter], th: RemedyThresholds,
-          labels: tuple[LabelPlan, tuple[bool, str]] | None = None) -> _Plan | str:
-    """The variants of ``kind`` and the symptom (a string: why the trial cannot run)."""
-    change = CHANGES[kind]
-    if labels is not None:  # realign_labels: the symptom was read off the recorded batches
-        plan, symptom = labels
-        return _Plan(symptom, [("realigned", _Variant("realigned", transform=plan.transform()))],
-                     plan.describe())
-    if kind in LR_KINDS:
-        down = kind != "lr_up"
-        clip = _median(trial.norms) if kind == "lr_down_clip" else None
-        if kind == "lr_down_clip" and clip is None:
-            return "the as-is replay saw no finite gradient norm to clip at"
-        variants = [(f, _Variant(f"/{f:g}" if down else f"x{f:g}", lr_factor=1 / f if down else f,
-                                 clip=clip)) for f in th.factors]
-        symptom = symptom_reproduced(kind, start, as_is, th)  # type: ignore[arg-type]
-        return _Plan(symptom, list(variants), change, clip)
-    if kind == "standardize_input":
-        transform, mean, std = _standardizer(trial.recorder.batches)
-        return _Plan(input_scale_symptom(_inputs(trial.recorder.batches)),
-                     [("standardized", _Variant("standardized", transform=transform))],
-                     f"{change} (mean {float(mean.mean()):.3g}, std {float(std.mean()):.3g} on "
-                     f"average over {mean.numel()} channel(s))")
-    if kind == "zero_grads":
-        steps = len(as_is.steps)
-        symptom = (True, f"the as-is replay kept the gradients of earlier steps in "
-                         f"{trial.stale_steps} of its {steps} steps") if trial.stale_steps else \
-            (False, "the as-is replay zeroed the gradients before every step")
-        return _Plan(symptom, [("zeroed", _Variant("zeroed", zero_grads=True))], change)
-    numel = sum(p.numel() for p in missing)  # add_params
-    symptom = (True, f"{len(missing)} trainable parameter tensor(s) ({numel} values) are in no "
-                     "param group, so the as-is replay never updates them") if missing else \
-        (False, "every trainable parameter is in a param group of the optimizer")
-    return _Plan(symptom, [("added", _Variant("added", add_missing=True))],
-                 f"{change}: {len(missing)} tensor(s), {numel} values")
-
-
 def _labels(evidence: Mapping[str, Any], batches: Sequence[Any]
             ) -> tuple[LabelPlan, tuple[bool, str]] | str:
     """``realign_labels``: the realignment and the symptom in the recorded batches (a string:
@@ -466,20 +375,21 @@ def _labels(evidence: Mapping[str, Any], batches: Sequence[Any]
 def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: RemedyRecorder,
               kind: str, thresholds: RemedyThresholds | None = None,
               evidence: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``remedy`` block of a replayed remedy (``kind`` one of :data:`EXPERIMENT_KINDS`;
-    ``evidence``: the lead's, which says where the labels are for ``realign_labels``)."""
-    th = thresholds or RemedyThresholds()
-    block: dict[str, Any] = {"kind": kind, "change": CHANGES[kind], "verdict": "skipped"}
+    """The ``remedy`` block of a replayed remedy (``kind``: a ``"replay"`` row of the remedy
+    table; ``evidence``: the lead's, which says where the labels are for a ``"realign"`` kind)."""
+    spec = REMEDIES[kind]
+    th = thresholds or spec.thresholds
+    block: dict[str, Any] = {"kind": kind, "change": spec.change, "verdict": "skipped"}
     if recorder.reason is not None:
         return {**block, "reason": recorder.reason}
     steps = len(recorder.batches)
     if recorder.model_state is None or steps < MIN_STEPS:
         return {**block, "reason": f"only {steps} training batch(es) recorded (at least "
                                    f"{MIN_STEPS} are needed)"}
-    if kind == "standardize_input" and len(_inputs(recorder.batches)) < steps:
+    if spec.transform == "standardize" and len(recorded_inputs(recorder.batches)) < steps:
         return {**block, "reason": "the recorded batches have no float input tensor to "
                                    "standardize (or it could not be told which one is the input)"}
-    labels = _labels(evidence or {}, recorder.batches) if kind == "realign_labels" else None
+    labels = _labels(evidence or {}, recorder.batches) if spec.transform == "realign" else None
     if isinstance(labels, str):
         return {**block, "reason": labels}
     budget = _budget(recorder)
@@ -491,7 +401,8 @@ def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Reme
     started = time.perf_counter()
     recorder.trials += 1
     try:
-        with progress(trainer, "trying the lead's fix on a copy", budget, CHANGES[kind]), \
+        with step_caller("trial"), \
+                progress(trainer, "trying the lead's fix on a copy", budget, spec.change), \
                 probe_module(trainer, pl_module, trainer.optimizers, factor=3.0) as probe, \
                 _no_warnings():
             if not probe.copied:
@@ -506,27 +417,53 @@ def run_trial(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Reme
             missing = trial.missing()
             trial.reset()
             as_is = trial.replay()
-            plan = _plan(kind, trial, start, as_is, missing, th, labels)
+            plan = plan_remedy(kind, start, as_is, ReplayFacts(
+                recorder.batches, trial.norms, trial.stale_steps,
+                (len(missing), sum(p.numel() for p in missing)), labels), th)
             if isinstance(plan, str):
                 return {**block, "reason": plan}
-            remedied: list[tuple[float | str, Replay]] = []
-            if plan.symptom[0]:
-                for key, variant in plan.variants:
-                    trial.reset(variant)
-                    remedied.append((key, trial.replay()))
-                    if remedy_works(start, as_is, remedied[-1][1], th)[0]:
-                        break
+            remedied, control = _remedied(trial, plan, start, as_is, th, spec.placebo) \
+                if plan.symptom[0] else ([], None)
     except _OutOfTimeError:
         return {**block, "reason": f"ran out of its time budget of {budget:.0f} s"}
     finally:
         recorder.seconds += time.perf_counter() - started
     decision = decide_remedy(kind, start, as_is, remedied, th,  # type: ignore[arg-type]
-                             symptom=plan.symptom)
-    return _block(kind, plan, decision, base, start, as_is, remedied,
-                  round(time.perf_counter() - started, 3))
+                             symptom=plan.symptom,
+                             placebo=control if isinstance(control, Replay) else None)
+    block = _block(kind, plan, decision, base, start, as_is, remedied,
+                   round(time.perf_counter() - started, 3))
+    if control is not None:
+        block["placebo"] = {"change": PLACEBO_CHANGE, **(
+            {"skipped": control} if isinstance(control, str) else
+            {**control.summary(), "passes": remedy_works(start, as_is, control, th)[0]})}
+    return block
 
 
-def _block(kind: str, plan: _Plan, decision: RemedyDecision, base: Sequence[float],
+def _remedied(trial: _Trial, plan: RemedyPlan, start: Sequence[float], as_is: Replay,
+              th: RemedyThresholds, with_placebo: bool
+              ) -> tuple[list[tuple[float | str, Replay]], Replay | str | None]:
+    """The plan's variants replayed in order up to the first that works, and, for a kind that
+    needs one (the table's ``placebo``), the placebo of that confirmation (a string: why it did
+    not run)."""
+    remedied: list[tuple[float | str, Replay]] = []
+    for key, variant in plan.variants:
+        trial.reset(variant)
+        remedied.append((key, trial.replay()))
+        if remedy_works(start, as_is, remedied[-1][1], th)[0]:
+            break
+    else:
+        return remedied, None
+    if not with_placebo:
+        return remedied, None
+    try:
+        trial.reset(placebo(len(trial.recorder.batches)))
+        return remedied, trial.replay()
+    except _OutOfTimeError:
+        return remedied, "ran out of the trial's time budget"
+
+
+def _block(kind: str, plan: RemedyPlan, decision: RemedyDecision, base: Sequence[float],
            start: Sequence[float], as_is: Replay, remedied: Sequence[tuple[float | str, Replay]],
            seconds: float) -> dict[str, Any]:
     """The report's ``remedy`` block of a trial that ran."""
@@ -537,10 +474,11 @@ def _block(kind: str, plan: _Plan, decision: RemedyDecision, base: Sequence[floa
     labels = {key: v.label for key, v in plan.variants}
     lr_before = base[0] if base else None
     lr_after, change = lr_before, plan.change
-    if kind in LR_KINDS and isinstance(used, float):
-        scale = 1 / used if kind != "lr_up" else used
+    lr = REMEDIES[kind].lr
+    if lr is not None and isinstance(used, float):
+        scale = 1 / used if lr == "down" else used
         lr_after = lr_before * scale if lr_before is not None else None
-        verb = "x" if kind == "lr_up" else "/"
+        verb = "x" if lr == "up" else "/"
         change = (f"every param group's learning rate {verb} {used:g} (lr {_lr_text(base)} -> "
                   f"{_lr_text([v * scale for v in base])})"
                   + (f" and the gradients clipped at norm {plan.clip:.3g} (the median of the "
@@ -568,12 +506,12 @@ def _curve(replay: Replay) -> list[float | None]:
     return [round(v, 6) if math.isfinite(v) else None for v in replay.steps]
 
 
-def float32_block(finding: Finding) -> dict[str, Any]:
+def float32_block(finding: Finding, kind: str = "float32_replay") -> dict[str, Any]:
     """``numerics.precision_overflow``'s block: the tracer's float32 replay is the trial."""
     ev = finding.evidence
     return {
-        "kind": "float32_replay",
-        "change": "the failing step replayed in float32 (the non-finite tracer's replay)",
+        "kind": kind,
+        "change": REMEDIES[kind].change,
         "before": {"precision": ev.get("precision"), "finite": False},
         "after": {"precision": "32-true", "finite": True},
         "verdict": "confirmed",
@@ -588,7 +526,7 @@ def eval_block(finding: Finding, kind: str) -> dict[str, Any]:
     trial = finding.evidence.get("remedy_trial")
     if isinstance(trial, dict) and trial.get("kind") == kind and "verdict" in trial:
         return dict(trial)
-    return {"kind": kind, "change": MODE_CHANGES[kind], "verdict": "skipped",
+    return {"kind": kind, "change": REMEDIES[kind].change, "verdict": "skipped",
             "reason": f"`{finding.check}` ran no trial when it found the problem "
                       "(`verify_remedy=False`, or a report from an earlier version)"}
 
@@ -610,6 +548,17 @@ def _other_settings(trainer: pl.Trainer) -> str:
             f"update with {' and '.join(found)}")
 
 
+def _position(findings: Sequence[Finding], lead: Finding) -> int:
+    """Where ``lead`` (a finding of :func:`~lightning_triage.ranking.rank`'s order: a problem,
+    so its ranking changed at most its ``explained_by`` and message) is in ``findings``."""
+    def same(f: Finding) -> bool:
+        return (f.code, f.check, f.global_step, f.epoch, f.rank, f.layer, f.severity) == \
+            (lead.code, lead.check, lead.global_step, lead.epoch, lead.rank, lead.layer,
+             lead.severity) and (f.evidence is lead.evidence or f.evidence == lead.evidence)
+
+    return next(i for i, f in enumerate(findings) if same(f))
+
+
 def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: RemedyRecorder,
                 findings: Sequence[Finding], *, strict: bool = False,
                 before_trial: Callable[[], None] | None = None) -> list[Finding]:
@@ -618,22 +567,22 @@ def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Re
     ``before_trial`` is called just before a replayed trial starts (the report is written
     first)."""
     findings = list(findings)
-    settled = explain_findings(settle_suspicions(findings))
-    lead_code = start_here(settled)
+    ordered, lead_code = rank(findings)
     if lead_code is None:
         return findings
-    candidates = [f for f in sort_findings(settled) if f.code == lead_code and f.is_problem]
+    candidates = [f for f in ordered if f.code == lead_code and f.is_problem]
     lead = next((f for f in candidates if not f.explained_by), candidates[0])
-    index = next(i for i, f in enumerate(settled) if f is lead)
+    index = _position(findings, lead)
     kind = remedy_kind(lead)
-    if kind == "float32_replay":
-        block = float32_block(lead)
-    elif kind in EVAL_KINDS:
+    family = REMEDIES[kind].family
+    if family == "float32":
+        block = float32_block(lead, kind)
+    elif family == "eval":
         block = eval_block(lead, kind)
         # the check's trial becomes the lead's block (once in the report, not twice)
         findings[index] = replace(findings[index], evidence={
             k: v for k, v in findings[index].evidence.items() if k != "remedy_trial"})
-    elif kind in EXPERIMENT_KINDS:
+    elif family == "replay":
         if before_trial is not None:
             before_trial()
         try:
@@ -641,13 +590,14 @@ def verify_lead(trainer: pl.Trainer, pl_module: pl.LightningModule, recorder: Re
         except Exception as exc:  # the user's code failed in the replay: the run is unaffected
             if strict:
                 raise
-            block = {"kind": kind, "change": CHANGES[kind],
+            block = {"kind": kind, "change": REMEDIES[kind].change,
                      "verdict": "skipped",
                      "reason": f"the replay raised {type(exc).__name__}: {exc}"[:500]}
     else:
         return findings
     if block["verdict"] == "not confirmed":
         block["reason"] += _other_settings(trainer)
+    block = partly(kind, block, findings)
     findings[index] = with_remedy(findings[index], block)
     if block["verdict"] == "not confirmed":
         findings[index] = with_remedy(findings[index], {

@@ -50,6 +50,7 @@ from lightning_triage.probing import (
     ProbeUnavailableError,
     UserCodeError,
     copy_optimizer,
+    count_step_call,
     probe_module,
     rng_state,
     set_rng_state,
@@ -405,6 +406,7 @@ class OverfitBatchCheck(TriageCallback):
                 stack.enter_context(train_step_context(trainer))
                 stack.enter_context(user_code())
                 run.calls += 1
+                count_step_call()
                 output = pl_module.training_step(*args)
         except UserCodeError as err:
             run.error, output = err.describe(), None

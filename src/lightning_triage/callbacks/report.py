@@ -33,6 +33,7 @@ from lightning_triage.callbacks._rank_files import (
 from lightning_triage.callbacks._remedy import RemedyRecorder, verify_lead
 from lightning_triage.callbacks.base import TriageCallback, collect_checks
 from lightning_triage.findings import SEVERITIES, Finding, _jsonable, epoch_of_step
+from lightning_triage.probing import STEP_CALLS
 from lightning_triage.ranking import settle_suspicions
 from lightning_triage.report.build import (
     FailOn,
@@ -349,6 +350,7 @@ class TriageReport(Callback):
             self._write_placeholder(trainer, pl_module, directory)
         self._logged = dict.fromkeys(SEVERITIES, 0)
         self.remedies.reset()
+        self._step_calls = dict(STEP_CALLS)
         self.idle = not self.verify_remedies
         self.paths = []
         self._gate_findings = None
@@ -547,12 +549,20 @@ class TriageReport(Callback):
             series.update(check.series())
             details.update(check.report_details())
         run = run_info(trainer, pl_module)
+        run["training_step_calls"] = self._step_counts(trainer)
         if run["batch_size"] is None and isinstance(details.get("first_batch"), Mapping):
             shape = details["first_batch"].get("shape") or []
             run["batch_size"] = shape[0] if shape else None
         return build_report(findings, status=status, run=run,
                             checks=[c.check_status() for c in checks], series=series,
                             details=details)
+
+    def _step_counts(self, trainer: pl.Trainer) -> dict[str, int]:
+        """The user's ``training_step`` calls in this fit: the real steps, the probes' and the
+        remedy trial's on copies."""
+        since = getattr(self, "_step_calls", {})
+        real = trainer.fit_loop.epoch_loop.batch_progress.total.completed
+        return {"fit": int(real), **{k: v - since.get(k, 0) for k, v in STEP_CALLS.items()}}
 
     @staticmethod
     def _fallback_run(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:

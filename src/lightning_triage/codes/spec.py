@@ -1,4 +1,5 @@
-"""What a finding code is: :class:`CodeSpec`, its severities and the remedy kinds."""
+"""What a finding code is: :class:`CodeSpec` and its severities (the remedy kinds are the remedy
+table's, :mod:`lightning_triage.codes.remedies`)."""
 
 
 from __future__ import annotations
@@ -6,27 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from lightning_triage.codes.remedies import REMEDY_KINDS, RemedyKind
+
 Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
-#: How a code's fix is verified on a copy of the run (docs/remedies.md): ``"lr_down"`` (every
-#: param group's learning rate divided, the first replayed steps run again), ``"lr_up"`` (the
-#: learning rate multiplied), ``"float32_replay"`` (the non-finite tracer's float32 replay of the
-#: failing step is the verification), ``"causal"`` (the finding's own probe is already an
-#: experiment on a copy: nothing to add), ``"none"`` (no mechanical remedy yet). The other
-#: replayed ones: ``"lr_down_clip"`` (the learning rate divided *and* the gradients clipped at
-#: the median norm the replay saw), ``"standardize_input"`` (the main input standardized per
-#: channel with the recorded batches' statistics), ``"zero_grads"`` (the gradients zeroed before
-#: every backward), ``"add_params"`` (the parameters no optimizer holds added to a param group),
-#: ``"realign_labels"`` (the batch's labels moved by the offset the structure probe found).
-#: The mode stage's, tried by the check at its probe: ``"eval_mode"`` (the validation path with
-#: every layer in eval mode), ``"gate_dropout"`` (its dropout calls gated on the mode).
-RemedyKind = Literal["lr_down", "lr_up", "lr_down_clip", "standardize_input", "zero_grads",
-                     "add_params", "realign_labels", "eval_mode", "gate_dropout",
-                     "float32_replay", "causal", "none"]
-REMEDY_KINDS: tuple[RemedyKind, ...] = ("lr_down", "lr_up", "lr_down_clip", "standardize_input",
-                                        "zero_grads", "add_params", "realign_labels",
-                                        "eval_mode", "gate_dropout", "float32_replay", "causal",
-                                        "none")
 
 
 @dataclass(frozen=True)
@@ -41,7 +25,8 @@ class CodeSpec:
     hint: str
     #: When the code fires, in one sentence for the docs (the thresholds are the rule's).
     when: str = ""
-    #: How its fix is verified on a copy (:data:`RemedyKind`; docs/remedies.md).
+    #: How its fix is verified on a copy (a kind of the remedy table,
+    #: :data:`~lightning_triage.codes.remedies.REMEDIES`; docs/remedies.md).
     remedy: RemedyKind = "none"
 
     @property

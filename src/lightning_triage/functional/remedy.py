@@ -29,96 +29,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-import torch
-from torch import Tensor
-
+from lightning_triage.codes.remedies import REMEDIES, RemedyThresholds, remedy_spec
 from lightning_triage.findings import CODES, Finding, RemedyKind
+from lightning_triage.functional.remedy_plan import (
+    Replay,
+    _fmt,
+    _mean,
+    channel_stats,
+    input_scale_symptom,
+    standardize,
+    symptom_reproduced,
+)
 from lightning_triage.ranking import start_here
 
 RemedyVerdict = Literal["confirmed", "not confirmed", "inconclusive", "skipped"]
 REMEDY_VERDICTS: tuple[RemedyVerdict, ...] = ("confirmed", "not confirmed", "inconclusive",
                                               "skipped")
 #: The kinds that run an experiment (the recorded steps replayed on a copy, as they are and
-#: with the change).
-EXPERIMENT_KINDS: frozenset[str] = frozenset({"lr_down", "lr_up", "lr_down_clip",
-                                              "standardize_input", "zero_grads", "add_params",
-                                              "realign_labels"})
-#: The kinds whose symptom is the cause itself, observed on the copy (gradients left from an
-#: earlier step, parameters no optimizer holds): a replay whose loss does not end lower in the
-#: short window does not refute them (the verdict is ``"inconclusive"``, never ``"not
-#: confirmed"``). Gradients never zeroed act as momentum without decay: with plain SGD or Adam
-#: the first steps can be *faster* than with zeroing, and the harm comes later. Labels offset
-#: from the inputs are such a fact too (on tokens with nothing to predict, such as uniform
-#: random ones, realigned labels cannot lower the loss either).
-DIRECT_KINDS: frozenset[str] = frozenset({"zero_grads", "add_params", "realign_labels"})
-#: The kinds whose change is a learning-rate factor (tried 10, 100, 1000).
-LR_KINDS: frozenset[str] = frozenset({"lr_down", "lr_up", "lr_down_clip"})
-#: The mode stage's kinds: the validation path run on copies from two random states, as it is
-#: and with the remedy, by the check that found the problem, at the probe (the trial travels in
-#: the finding's evidence as ``remedy_trial``; the report moves the lead's into its block).
-EVAL_KINDS: frozenset[str] = frozenset({"eval_mode", "gate_dropout"})
-
-
-@dataclass(frozen=True)
-class RemedyThresholds:
-    """The margins of the decision (the curve classifier's where they mean the same thing).
-
-    Attributes:
-        low_progress: the as-is replay makes "no real progress" when its loss falls by less
-            than this fraction of the starting loss (the curve classifier's ``low_progress``).
-        rise_ratio: the as-is replay "rose" when a step's loss exceeds this multiple of the
-            starting loss (the curve classifier's ``rise_ratio``).
-        min_gain: a remedy works only if its final loss is below the as-is one by at least this
-            fraction of the as-is loss...
-        z: ...and by this many standard errors of the per-batch paired differences.
-        factors: the learning-rate factors tried, in order (divided for ``lr_down``, multiplied
-            for ``lr_up``); the first that works is reported.
-    """
-
-    low_progress: float = 0.1
-    rise_ratio: float = 1.2
-    min_gain: float = 0.02
-    z: float = 3.0
-    factors: tuple[float, ...] = (10.0, 100.0, 1000.0)
-
-
-@dataclass(frozen=True)
-class Replay:
-    """One replay of the recorded batches.
-
-    Attributes:
-        steps: the training loss of each replayed step, in order (it stops at the first
-            non-finite one).
-        end: the loss of the model after the replay on each evaluation batch (empty when the
-            replay blew up).
-    """
-
-    steps: list[float]
-    end: list[float] = field(default_factory=list)
-
-    @property
-    def finite(self) -> bool:
-        """Whether every step and every final loss was finite."""
-        return bool(self.end) and all(math.isfinite(v) for v in (*self.steps, *self.end))
-
-    @property
-    def end_loss(self) -> float:
-        """The mean final loss (``inf`` when the replay blew up)."""
-        return sum(self.end) / len(self.end) if self.finite else math.inf
-
-    def summary(self, lr: float | None = None) -> dict[str, Any]:
-        """The report's ``before``/``after`` entry: steps, final loss, finite, learning rate."""
-        out: dict[str, Any] = {"steps": len(self.steps), "finite": self.finite,
-                               "loss": self.end_loss if self.finite else None}
-        if not self.finite:
-            bad = next((i for i, v in enumerate(self.steps) if not math.isfinite(v)), None)
-            out["nonfinite_at_step"] = bad
-        if lr is not None:
-            out["lr"] = lr
-        return out
+#: with the change): the remedy table's ``"replay"`` family.
+EXPERIMENT_KINDS: frozenset[str] = frozenset(k for k, s in REMEDIES.items() if s.family == "replay")
+#: The kinds whose symptom is the cause itself, observed on the copy (the table's ``direct``):
+#: a replay whose loss does not end lower in the short window does not refute them.
+DIRECT_KINDS: frozenset[str] = frozenset(k for k, s in REMEDIES.items() if s.direct)
+#: The kinds whose change is a learning-rate factor (the table's ``lr``).
+LR_KINDS: frozenset[str] = frozenset(k for k, s in REMEDIES.items() if s.lr is not None)
+#: The mode stage's kinds (the table's ``"eval"`` family): the validation path run on copies
+#: from two random states, by the check that found the problem, at the probe.
+EVAL_KINDS: frozenset[str] = frozenset(k for k, s in REMEDIES.items() if s.family == "eval")
 
 
 @dataclass(frozen=True)
@@ -188,7 +128,7 @@ def _eval_symptom(kind: RemedyKind, passes: EvalPasses) -> str | None:
                      f"{passes.difference:.3g} of the output's magnitude, first at "
                      f"{_where(passes.differs_at)})" if math.isfinite(passes.difference)
                      else f"differ between two random states (first at {_where(passes.differs_at)})")
-    if kind == "eval_mode" and passes.buffers_changed:
+    if REMEDIES[kind].buffers and passes.buffers_changed:
         listed = ", ".join(f"`{b}`" for b in passes.buffers_changed[:4])
         shown.append(f"update {len(passes.buffers_changed)} running statistic(s) ({listed})")
     return " and ".join(shown) or None
@@ -218,12 +158,13 @@ def decide_eval_remedy(kind: RemedyKind, as_is: EvalPasses, remedied: EvalPasses
         >>> decide_eval_remedy("gate_dropout", random, random).verdict
         'inconclusive'
     """
-    label = "eval mode" if kind == "eval_mode" else "dropout gated"
+    spec = REMEDIES[kind]
+    label = spec.label
     shown = _eval_symptom(kind, as_is)
     if shown is None:
         return RemedyDecision("inconclusive", "the validation outputs are identical from two "
                               "random states" + (" and no running statistic moved" if
-                                                 kind == "eval_mode" else "")
+                                                 spec.buffers else "")
                               + " on the copy: the symptom did not reproduce, so the remedy "
                               "cannot be judged", None, (label,))
     what = f"the validation outputs {shown}"
@@ -235,13 +176,10 @@ def decide_eval_remedy(kind: RemedyKind, as_is: EvalPasses, remedied: EvalPasses
             rel = f" ({100 * (after - before) / abs(before):+.0f}%)" if before else ""
             change = f", and the validation loss goes {_fmt(before)} -> {_fmt(after)}{rel}"
         return RemedyDecision("confirmed", f"{what}; with the remedy they are identical"
-                              + (" and no running statistic moves" if kind == "eval_mode"
+                              + (" and no running statistic moves" if spec.buffers
                                  and as_is.buffers_changed else "") + change, label, (label,))
-    other = ("a source of randomness besides the layers left in training mode" if kind ==
-             "eval_mode" else "randomness that is not a dropout call (noise drawn with "
-             "`torch.rand*`/`randn*`, sampling)")
     return RemedyDecision("inconclusive", f"{what}; with the remedy they still "
-                          f"{left}: {other}, which only an edit of the code removes. The "
+                          f"{left}: {spec.left_over}, which only an edit of the code removes. The "
                           "finding is a fact seen on the copy: this does not refute it",
                           None, (label,))
 
@@ -261,47 +199,6 @@ def remedy_kind(finding: Finding) -> RemedyKind:
     if finding.code == "grad.update_ratio" and finding.evidence.get("direction") == "above":
         return "lr_down"
     return kind
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def _fmt(v: float) -> str:
-    return f"{v:.4g}"
-
-
-def symptom_reproduced(kind: RemedyKind, start: Sequence[float], as_is: Replay,
-                       thresholds: RemedyThresholds | None = None) -> tuple[bool, str]:
-    """Whether the as-is replay shows the symptom the remedy targets, and what it showed.
-
-    ``lr_down``: the loss went non-finite, rose above ``rise_ratio`` x the starting loss, or
-    fell by less than ``low_progress``. ``lr_up``: the loss stayed finite and fell by less than
-    ``low_progress``.
-
-    Example:
-        >>> symptom_reproduced("lr_up", [2.3], Replay([2.3] * 20, [2.29]))[0]
-        True
-        >>> symptom_reproduced("lr_up", [2.3], Replay([1.0] * 20, [0.5]))
-        (False, 'the as-is replay made real progress (loss 2.3 -> 0.5, 78% lower)')
-    """
-    th = thresholds or RemedyThresholds()
-    s = _mean(start)
-    down = kind in ("lr_down", "lr_down_clip")
-    if not as_is.finite:
-        if down:
-            return True, "the as-is replay went non-finite"
-        return False, "the as-is replay went non-finite (not a slow loss)"
-    end = as_is.end_loss
-    progress = (s - end) / abs(s) if s else 0.0
-    peak = max(as_is.steps, default=s)
-    if down and s > 0 and peak > th.rise_ratio * s:
-        return True, f"the as-is replay's loss rose to {_fmt(peak)} ({peak / s:.2f}x the start)"
-    if progress < th.low_progress:
-        return True, (f"the as-is replay made no real progress (loss {_fmt(s)} -> {_fmt(end)}, "
-                      f"{100 * progress:+.1f}%)")
-    return False, (f"the as-is replay made real progress (loss {_fmt(s)} -> {_fmt(end)}, "
-                   f"{100 * progress:.0f}% lower)")
 
 
 def remedy_works(start: Sequence[float], as_is: Replay, remedied: Replay,
@@ -345,7 +242,8 @@ def remedy_works(start: Sequence[float], as_is: Replay, remedied: Replay,
 def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
                   remedied: Sequence[tuple[float | str, Replay]],
                   thresholds: RemedyThresholds | None = None,
-                  symptom: tuple[bool, str] | None = None) -> RemedyDecision:
+                  symptom: tuple[bool, str] | None = None,
+                  placebo: Replay | None = None) -> RemedyDecision:
     """The verdict of a remedy over the replays.
 
     Args:
@@ -357,6 +255,9 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
         symptom: whether the as-is replay showed the symptom, and what it showed, when the
             caller observed it on the copy (stale gradients, parameters no optimizer holds,
             inputs far from standardized); by default :func:`symptom_reproduced` over the losses.
+        placebo: the same batches replayed with nothing changed but their order: a remedy that
+            works is confirmed only if this replay does not pass the same margin against the
+            as-is one (``"inconclusive"`` otherwise: the order alone moves the loss as much).
 
     Example:
         >>> blew_up = Replay([2.3, 40.0, float("inf")])
@@ -366,7 +267,7 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
         >>> decide_remedy("lr_up", [2.3] * 3, Replay([1.0] * 30, [0.5, 0.5, 0.6]), []).verdict
         'inconclusive'
     """
-    th = thresholds or RemedyThresholds()
+    th = thresholds or REMEDIES[kind].thresholds
     shown, what = symptom if symptom is not None else symptom_reproduced(kind, start, as_is, th)
     tried = tuple(f for f, _ in remedied)
     if not shown:
@@ -375,16 +276,23 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
     reasons = []
     for factor, replay in remedied:
         ok, why = remedy_works(start, as_is, replay, th)
+        if ok and placebo is not None and remedy_works(start, as_is, placebo, th)[0]:
+            return RemedyDecision("inconclusive", f"{what}; with the remedy "
+                                  f"({_factor(kind, factor)}) {why}, but so does the placebo "
+                                  "(nothing changed, the batches in another order: loss "
+                                  f"{_fmt(placebo.end_loss)}): the replay's order alone moves "
+                                  "the loss as much", None, tried)
         if ok:
             return RemedyDecision("confirmed", f"{what}; with the remedy ({_factor(kind, factor)}) "
                                   f"{why}", factor, tried)
         reasons.append(f"{_factor(kind, factor)}: {why}")
     if not remedied:
         return RemedyDecision("inconclusive", f"{what}; no remedied replay ran", None, tried)
-    if kind in DIRECT_KINDS:
+    spec = REMEDIES[kind]
+    if spec.direct:
         last = remedied[-1][1]
         rose = as_is.finite and last.finite and last.end_loss > as_is.end_loss
-        why_rose = f"; {RISES_BECAUSE[kind]}" if rose and kind in RISES_BECAUSE else ""
+        why_rose = f"; {spec.rises_because}" if rose and spec.rises_because else ""
         return RemedyDecision("inconclusive", f"{what}; " + "; ".join(reasons) + f"{why_rose}. The "
                               "finding is a fact observed on the copy, not a reading of the curve: "
                               f"a replay of {len(as_is.steps)} steps that does not end lower does "
@@ -393,19 +301,16 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
 
 
 #: Why a direct remedy's short replay may end *higher* than the as-is one although the finding
-#: is real (docs/remedies.md, "Direct findings are not refuted by a short replay"): said in the
-#: trial's reason, so that a rising loss does not read as a fix that makes things worse.
-RISES_BECAUSE: dict[str, str] = {
-    "zero_grads": "higher, as expected over a short replay: gradients never zeroed add up like "
-                  "momentum without decay, so the first steps run faster as is; the harm, an "
-                  "unstable curve, comes later",
-}
+#: is real (docs/remedies.md, "Direct findings are not refuted by a short replay"): the table's
+#: ``rises_because``, said in the trial's reason.
+RISES_BECAUSE: dict[str, str] = {k: s.rises_because for k, s in REMEDIES.items()
+                                 if s.rises_because}
 
 
 def _factor(kind: RemedyKind, factor: float | str) -> str:
     if isinstance(factor, str):
         return factor
-    return f"x1/{factor:g}" if kind in ("lr_down", "lr_down_clip") else f"x{factor:g}"
+    return f"x1/{factor:g}" if REMEDIES[kind].lr == "down" else f"x{factor:g}"
 
 
 def next_candidate(findings: Sequence[Finding], challenged: Finding) -> str | None:
@@ -423,70 +328,33 @@ def next_candidate(findings: Sequence[Finding], challenged: Finding) -> str | No
     """
     kind = remedy_kind(challenged)
     rest = [f for f in findings if f.code != challenged.code
-            and not (kind in EXPERIMENT_KINDS and remedy_kind(f) == kind)]
+            and not (remedy_spec(kind).family == "replay" and remedy_kind(f) == kind)]
     return start_here(rest)
 
 
-def channel_stats(inputs: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-    """The mean and standard deviation of each channel (dim 1; the one feature of a 1-D input)
-    over the recorded inputs, shaped to broadcast against one of them. A channel that never
-    varies gets a standard deviation of 1 (it is only centered).
+def partly(kind: RemedyKind, block: dict[str, Any], findings: Sequence[Finding]
+           ) -> dict[str, Any]:
+    """``block`` of a confirmed remedy, made partial when a finding of the run that ``kind``
+    cannot cure remains (the table's ``cannot_cure``: a part that never trains, a loss fed
+    probabilities): the verdict ``"inconclusive"``, the reason ``"partly: ..."``, and the
+    finding named in ``remains`` (the loss falls faster, the cause stays).
 
     Example:
-        >>> x = torch.tensor([[0.0, 16.0, 3.0], [0.0, 8.0, 3.0]])
-        >>> mean, std = channel_stats([x, x])
-        >>> mean.tolist(), [round(v, 3) for v in std.flatten().tolist()]
-        ([[0.0, 12.0, 3.0]], [1.0, 4.619, 1.0])
+        >>> frozen = Finding.create("wiring.frozen_at_init", "head frozen", check="T")
+        >>> b = partly("lr_up", {"verdict": "confirmed", "reason": "it ends lower"}, [frozen])
+        >>> b["verdict"], b["remains"], b["reason"][:44]
+        ('inconclusive', 'wiring.frozen_at_init', 'partly: the loss falls faster (it ends lower')
     """
-    first = inputs[0]
-    dims = [d for d in range(first.ndim) if d != 1] if first.ndim >= 2 else [0]
-    total = total_sq = None
-    count = 0
-    for x in inputs:
-        x = x.detach().double()
-        n = x.numel() // (x.shape[1] if x.ndim >= 2 else 1)
-        part, part_sq = x.sum(dim=dims, keepdim=True), (x * x).sum(dim=dims, keepdim=True)
-        total = part if total is None else total + part
-        total_sq = part_sq if total_sq is None else total_sq + part_sq
-        count += n
-    assert total is not None
-    assert total_sq is not None
-    mean = total / count
-    var = (total_sq / count - mean * mean).clamp(min=0) * count / max(1, count - 1)
-    std = var.sqrt()
-    std = torch.where(std > 1e-12 * (1 + mean.abs()), std, torch.ones_like(std))
-    return mean.to(first.dtype), std.to(first.dtype)
-
-
-def standardize(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-    """``x`` standardized with :func:`channel_stats`' statistics (on ``x``'s device)."""
-    return (x - mean.to(x.device)) / std.to(x.device)
-
-
-def input_scale_symptom(inputs: Sequence[Tensor]) -> tuple[bool, str]:
-    """Whether the recorded inputs are far from standardized (the data stage's rules:
-    ``data.unnormalized_input``'s rms above 4 or tiny values, ``data.tiny_input_scale``'s
-    non-negative intensities below 0.1), and what they are.
-
-    Example:
-        >>> input_scale_symptom([torch.arange(17.0).repeat(4, 1)])[0]
-        True
-        >>> input_scale_symptom([torch.randn(8, 4, generator=torch.Generator().manual_seed(0))])
-        (False, 'the recorded inputs are near unit scale (rms 1.01)')
-    """
-    from lightning_triage.functional.data.inputs import (
-        far_below_unit_scale,
-        scale_verdict,
-        summarize_tensor,
-    )
-
-    summary = summarize_tensor(torch.cat([x.detach().reshape(x.shape[0], -1).double()
-                                          for x in inputs]).to(inputs[0].dtype))
-    rms = summary.rms if summary.rms is not None else math.nan
-    if scale_verdict(summary) is not None or far_below_unit_scale(summary):
-        return True, (f"the recorded inputs are far from standardized (rms {rms:.3g}, range "
-                      f"{summary.min:.3g} to {summary.max:.3g})")
-    return False, f"the recorded inputs are near unit scale (rms {rms:.3g})"
+    if block.get("verdict") != "confirmed":
+        return block
+    cannot = REMEDIES[kind].cannot_cure
+    left = next((f for f in findings if f.code in cannot and f.is_problem), None)
+    if left is None:
+        return block
+    return {**block, "verdict": "inconclusive", "remains": left.code,
+            "reason": f"partly: the loss falls faster ({block.get('reason', '')}), but "
+                      f"`{left.code}` remains ({left.title.lower()}): the change cannot remove "
+                      "it, so it is the cause to fix first"}
 
 
 def with_remedy(finding: Finding, block: dict[str, Any]) -> Finding:
@@ -511,6 +379,7 @@ __all__ = [
     "decide_remedy",
     "input_scale_symptom",
     "next_candidate",
+    "partly",
     "remedy_kind",
     "remedy_works",
     "standardize",

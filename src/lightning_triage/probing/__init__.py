@@ -28,7 +28,15 @@ from lightning_triage.probing.isolation import (
     probe_module,
     without_our_hooks,
 )
-from lightning_triage.probing.replay import copy_first_examples, eval_copy, run_user_step, step_loss
+from lightning_triage.probing.replay import (
+    STEP_CALLS,
+    copy_first_examples,
+    count_step_call,
+    eval_copy,
+    run_user_step,
+    step_caller,
+    step_loss,
+)
 from lightning_triage.probing.snapshot import MAX_SNAPSHOT_DEPTH, MAX_SNAPSHOT_ITEMS, isolated
 from lightning_triage.probing.state import (
     ProbeUnavailableError,
@@ -48,6 +56,7 @@ __all__ = [
     "COPY_MEMORY_FRACTION",
     "MAX_SNAPSHOT_DEPTH",
     "MAX_SNAPSHOT_ITEMS",
+    "STEP_CALLS",
     "Probe",
     "ProbeUnavailableError",
     "RngState",
@@ -58,6 +67,7 @@ __all__ = [
     "copy_first_examples",
     "copy_module",
     "copy_optimizer",
+    "count_step_call",
     "eval_copy",
     "free_bytes",
     "isolated",
@@ -69,6 +79,7 @@ __all__ = [
     "set_rng_state",
     "shared_objects",
     "silenced_logging",
+    "step_caller",
     "step_loss",
     "trainer_state",
     "user_code",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from torch import Tensor, nn
@@ -15,6 +16,27 @@ from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.collection import map_tensors
 from lightning_triage.probing.isolation import Probe, probe_module
 from lightning_triage.probing.state import RngState, set_rng_state, user_code
+
+#: The user's ``training_step`` calls made on copies in this process, by who made them: the
+#: probes, or the remedy trial (``TriageReport`` reports the difference over each fit).
+STEP_CALLS: dict[str, int] = {"probes": 0, "trial": 0}
+_CALLER: ContextVar[Literal["probes", "trial"]] = ContextVar("triage_step_caller",
+                                                               default="probes")
+
+
+def count_step_call() -> None:
+    """Count one call of the user's ``training_step`` on a copy (see :data:`STEP_CALLS`)."""
+    STEP_CALLS[_CALLER.get()] += 1
+
+
+@contextmanager
+def step_caller(caller: Literal["probes", "trial"]) -> Iterator[None]:
+    """The ``training_step`` calls inside the block are counted as ``caller``'s."""
+    token = _CALLER.set(caller)
+    try:
+        yield
+    finally:
+        _CALLER.reset(token)
 
 
 @contextmanager
@@ -37,6 +59,7 @@ def run_user_step(trainer: pl.Trainer, module: Any, batch: Any,
     with train_step_context(trainer), user_code():
         if forward_fn is not None:
             return forward_fn(module, batch)
+        count_step_call()
         return module.training_step(*training_step_args(module, batch, 0))
 
 

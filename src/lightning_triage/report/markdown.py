@@ -50,6 +50,22 @@ def _md_code(text: Any, table: bool = False) -> str:
     return "".join(out)
 
 
+def step_calls_line(run: Mapping[str, Any]) -> str | None:
+    """How often the fit ran the user's ``training_step`` (``None``: not recorded).
+
+    Example:
+        >>> step_calls_line({"training_step_calls": {"fit": 12, "probes": 56, "trial": 30}})
+        '`training_step` calls: 12 real steps, 56 by the probes, 30 by the remedy trial (on copies)'
+    """
+    calls = run.get("training_step_calls")
+    if not isinstance(calls, Mapping):
+        return None
+    def n(key: str) -> Any:
+        return calls.get(key, 0)
+    return (f"`training_step` calls: {n('fit')} real steps, {n('probes')} by the probes, "
+            f"{n('trial')} by the remedy trial (on copies)")
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The report as Markdown: start here, findings by stage, checks. Every string of the
     report is text (Markdown and HTML syntax escaped, table cells kept on one line)."""
@@ -61,6 +77,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines.append(f"Status: **{_md_text(report['status'])}**"
                  + (f" at step {_md_text(run['global_step'])}" if "global_step" in run else "")
                  + (f", model {_md_span(run['model'])}" if run.get("model") else ""))
+    calls = step_calls_line(run)
+    if calls:
+        lines += ["", _md_text(calls)]
     lines.append("")
     lead = lead_finding(report)
     if lead is not None:

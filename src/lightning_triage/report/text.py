@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_triage.codes.remedies import REMEDIES, remedy_spec
 from lightning_triage.findings import CODES
 from lightning_triage.report.safe import describe, terminal_text
 
@@ -29,10 +30,6 @@ def _loss_text(entry: Any) -> str:
     return f"{float(entry['loss']):.4g}"
 
 
-_EVAL_CHANGES = {"eval_mode": "every layer in eval mode",
-                 "gate_dropout": "the dropout calls gated on the mode"}
-
-
 def _outputs_text(entry: dict[str, Any]) -> str:
     if entry.get("deterministic"):
         return "identical"
@@ -44,7 +41,7 @@ def _outputs_text(entry: dict[str, Any]) -> str:
 def _eval_trial_text(remedy: dict[str, Any], before: dict[str, Any],
                      after: dict[str, Any]) -> str:
     """A mode-stage trial (two validation passes from two random states, each way)."""
-    text = (f"{_EVAL_CHANGES.get(str(remedy.get('kind')), remedy.get('change', ''))}, "
+    text = (f"{remedy_spec(remedy.get('kind')).short or remedy.get('change', '')}, "
             f"validation outputs from two random states {_outputs_text(before)} -> "
             f"{_outputs_text(after)}")
     if before.get("buffers_changed"):
@@ -79,7 +76,7 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
     """
     if remedy is None:
         spec = CODES.get(code)
-        if spec is not None and spec.remedy == "causal":
+        if spec is not None and REMEDIES[spec.remedy].family == "causal":
             return ("no remedy trial needed: the evidence is already causal (a probe on a copy "
                     "changed one input and watched the outputs)")
         return None
@@ -92,7 +89,7 @@ def remedy_line(code: str, remedy: dict[str, Any] | None) -> str | None:
     if verdict == "inconclusive":
         where = f" ({replayed})" if replayed and "deterministic" not in before else ""
         return f"remedy inconclusive on a copy{where}: {remedy.get('reason', '')}"
-    if remedy.get("kind") == "float32_replay":
+    if remedy_spec(remedy.get("kind")).family == "float32":
         return f"{verdict} on a copy: the failing step is finite when replayed in float32"
     if "deterministic" in before:
         return f"{verdict} on a copy: " + _eval_trial_text(remedy, before, after)
@@ -240,10 +237,10 @@ def marker_id(run_id: str) -> str:
     return f"sha256-{digest[:40]}"
 
 
-def run_id_marker(run_id: str, kind: str) -> str:
-    """The line that carries ``run_id`` (:func:`marker_id`) in a Markdown (``kind="md"``) or
+def run_id_marker(run_id: str, fmt: str) -> str:
+    """The line that carries ``run_id`` (:func:`marker_id`) in a Markdown (``fmt="md"``) or
     HTML file."""
     shown = marker_id(run_id)
-    if kind == "md":
+    if fmt == "md":
         return f"<!-- lightning-triage-run-id: {shown} -->"
     return f'<meta name="lightning-triage-run-id" content="{shown}">'
