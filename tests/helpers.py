@@ -33,6 +33,12 @@ def seeds(n: int = 3) -> list[Any]:
     return [0, *(pytest.param(s, marks=pytest.mark.slow, id=str(s)) for s in range(1, n))]
 
 
+def other_seeds(n: int = 3) -> list[Any]:
+    """Seeds 1..n-1 of :func:`seeds`, marked ``slow``: for a test whose seed 0 is another test
+    (the registry's own fit, say)."""
+    return seeds(n)[1:]
+
+
 def loader(*tensors: torch.Tensor, batch_size: int = 32, shuffle: bool = False) -> DataLoader:
     return DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=shuffle,
                       generator=torch.Generator().manual_seed(0) if shuffle else None)

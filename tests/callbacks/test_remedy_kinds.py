@@ -18,6 +18,7 @@ from lightning_triage import GradientMonitor, TriageReport
 from lightning_triage.demo import SCENARIOS
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
 from tests.callbacks.test_remedy import fit, lead_of
+from tests.helpers import seeds
 
 BY_NAME = {s.name: s for s in SCENARIOS}
 
@@ -74,7 +75,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_remedy_is_confirmed_on_a_copy(tmp_path: Path, name: str, seed: int) -> None:
     broken, _, code, kind = CASES[name]
@@ -101,7 +102,7 @@ def test_the_fixed_twin_runs_nothing(tmp_path: Path, name: str) -> None:
     assert not any("remedy" in f for f in report["findings"])
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 def test_stale_gradients_that_speed_the_first_steps_are_not_refuted(tmp_path: Path,
                                                                    seed: int) -> None:
     """Without momentum, gradients never zeroed sum up like momentum without decay: the first 30
@@ -117,7 +118,7 @@ def test_stale_gradients_that_speed_the_first_steps_are_not_refuted(tmp_path: Pa
     assert remedy["after"]["loss"] > remedy["before"]["loss"]  # zeroing was slower here
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 def test_exploding_gradients_are_tamed_by_a_lower_lr_and_a_clip(tmp_path: Path,
                                                                 seed: int) -> None:
     """The digits MLP at lr 50 watched by the gradient monitor alone: `grad.exploding` leads;

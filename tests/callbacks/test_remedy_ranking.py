@@ -10,11 +10,12 @@ import pytest
 
 from lightning_triage.demo import SCENARIOS
 from tests.callbacks.test_remedy import fit, lead_of
+from tests.helpers import seeds
 
 RAW = next(s for s in SCENARIOS if s.name == "raw-pixels")
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 def test_a_confirmed_input_remedy_explains_the_curve_it_cured(tmp_path: Path, seed: int) -> None:
     _, _, report = fit(RAW.build, tmp_path, seed)
     lead = lead_of(report)
