@@ -32,9 +32,9 @@ lint: $(VENV)/.dev-installed
 	$(PY) -m ruff check src tests docs benchmarks examples
 	$(PY) -m mypy
 
-# the whole suite, slow tests included, one worker per (logical) core, at most 4 (each holds torch
-# and its fits), a test file per worker, and the 30 slowest tests named; `.venv/bin/python -m pytest -m "not slow"`
-# is the quick loop while developing (seed 0 only)
+# the whole suite, slow tests included, on one worker per (logical) core, at most 4 (each holds
+# torch and its fits), a test file per worker, naming the 30 slowest tests. The quick loop while
+# developing, seed 0 only: .venv/bin/python -m pytest -m "not slow" -n logical
 unit: $(VENV)/.dev-installed
 	$(PY) -m pytest -q -n logical --maxprocesses=4 --dist loadfile --durations=30
 
