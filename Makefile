@@ -32,18 +32,22 @@ lint: $(VENV)/.dev-installed
 	$(PY) -m ruff check src tests docs benchmarks examples
 	$(PY) -m mypy
 
+# the whole suite, slow tests included, on one worker per (logical) core, at most 4 (each holds
+# torch and its fits), a test file per worker, naming the 30 slowest tests. The quick loop while
+# developing, seed 0 only: .venv/bin/python -m pytest -m "not slow" -n logical
 unit: $(VENV)/.dev-installed
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n logical --maxprocesses=4 --dist loadfile --durations=30
 
 # the documentation site, strictly (any warning fails): output in site/
 docs: $(VENV)/.dev-installed
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
-test: lint docs unit
+# the docs site is built (strictly) once, by the suite's tests/test_docs.py
+test: lint unit
 
 # the real-trajectory tests on more seeds alone (`make test` runs them too)
 test-slow: $(VENV)/.dev-installed
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -n logical --maxprocesses=4 --dist loadfile -m slow
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ def seeds(n: int = 3) -> list[Any]:
     return [0, *(pytest.param(s, marks=pytest.mark.slow, id=str(s)) for s in range(1, n))]
 
 
+def other_seeds(n: int = 3) -> list[Any]:
+    """Seeds 1..n-1 of :func:`seeds`, marked ``slow``: for a test whose seed 0 is another test
+    (the registry's own fit, say)."""
+    return seeds(n)[1:]
+
+
 def loader(*tensors: torch.Tensor, batch_size: int = 32, shuffle: bool = False) -> DataLoader:
     return DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=shuffle,
                       generator=torch.Generator().manual_seed(0) if shuffle else None)
@@ -50,21 +57,31 @@ def stage_codes(findings: list[Finding], stage: str) -> set[str]:
 
 
 def fit_ddp_spawn(make: Callable[[], pl.Trainer], *fit_args: Any) -> pl.Trainer:
-    """``make().fit(*fit_args)`` for a ``ddp_spawn`` trainer, retried once when a worker was
-    killed by SIGABRT: gloo workers occasionally abort at interpreter exit ("terminate called
-    without an active exception", about 1 run in 20 on a loaded 2-core machine, with or without
-    lightning-triage). Any other failure, or a second abort, fails the test."""
-    from torch.multiprocessing.spawn import ProcessExitedException
+    """``make().fit(*fit_args)`` for a ``ddp_spawn`` trainer on a port of its own, retried once
+    when a worker was killed by SIGABRT: gloo workers occasionally abort at interpreter exit
+    ("terminate called without an active exception", about 1 run in 20 on a loaded 2-core
+    machine, with or without lightning-triage), or when another process took the port between
+    its choice and the workers' start (``EADDRINUSE``: tests run in parallel, ``pytest -n``).
+    Any other failure, or a second one, fails the test."""
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
-    trainer = make()
-    try:
+    def fit() -> pl.Trainer:
+        # Lightning keeps the port of the process's first fit in `MASTER_PORT`: each fit picks
+        # a free one instead (two test processes never hold one port for the whole session)
+        os.environ.pop("MASTER_PORT", None)
+        trainer = make()
         trainer.fit(*fit_args)
+        return trainer
+
+    try:
+        return fit()
     except ProcessExitedException as exc:
         if exc.signal_name != "SIGABRT":
             raise
-        trainer = make()
-        trainer.fit(*fit_args)
-    return trainer
+    except ProcessRaisedException as exc:
+        if "EADDRINUSE" not in str(exc) and "address already in use" not in str(exc):
+            raise
+    return fit()
 
 
 #: The checks that read every step (or the first batches) of a healthy run and, finding

@@ -161,8 +161,7 @@ class RecurrentLM(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
-@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow),
-                                  pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("seed", seeds())
 def test_recurrent_lm_explodes_after_the_window_grad_spike_first(tmp_path: Path, seed: int) -> None:
     """Plain SGD, no clipping: the RNN learns; at step 160, long after the 60-step window, its
     gradient is blown up 300x (constructed, not left to a chaotic trajectory): the gradient

@@ -18,7 +18,7 @@ from lightning_triage import EvalModeCheck, GradientWiringCheck, OverfitBatchChe
 from lightning_triage.callbacks.overfit_batch import preserved_attributes
 from lightning_triage.demo.broken import broken_run
 from lightning_triage.demo.broken.overfit import DistilledMLP
-from tests.helpers import make_trainer, stage_codes
+from tests.helpers import make_trainer, seeds, stage_codes
 from tests.probe_models import (
     Classifier,
     DetachedLoss,
@@ -322,7 +322,7 @@ class LabelSmoothing(Classifier):
         return torch.nn.functional.cross_entropy(self(x), y, label_smoothing=0.2)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 def test_label_smoothing_is_memorized_down_to_its_floor(tmp_path: Path, seed: int) -> None:
     torch.manual_seed(seed)
     check = OverfitBatchCheck(max_steps=300, time_budget=60.0, strict=True)
@@ -368,7 +368,7 @@ class SoftmaxInLoss(Classifier):
         return torch.nn.functional.cross_entropy(torch.softmax(self(x), 1), y)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 def test_a_softmax_in_the_loss_code_is_caught_and_leads(tmp_path: Path, seed: int) -> None:
     torch.manual_seed(seed)
     triage = Triage(report_dir=tmp_path / "r", strict=True, verbose=False,
@@ -386,7 +386,7 @@ def test_a_softmax_in_the_loss_code_is_caught_and_leads(tmp_path: Path, seed: in
     assert found["overfit.failed"]["explained_by"] == ["overfit.loss_on_probabilities"]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 def test_logits_into_cross_entropy_raise_no_probability_finding(tmp_path: Path, seed: int) -> None:
     torch.manual_seed(seed)
     for model in (Classifier(lr=0.05), LabelSmoothing(lr=0.2)):

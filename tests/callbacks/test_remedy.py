@@ -19,6 +19,7 @@ from lightning_triage.callbacks._remedy import unavailable
 from lightning_triage.demo import SCENARIOS, Scenario
 from lightning_triage.demo.broken import LEAD_RUNS
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
+from tests.helpers import seeds
 
 BY_NAME = {s.name: s for s in (*SCENARIOS, *LEAD_RUNS)}
 
@@ -42,7 +43,7 @@ def lead_of(report: dict[str, Any]) -> dict[str, Any]:
     return next(f for f in report["findings"] if f["code"] == report["start_here"])
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 @pytest.mark.parametrize(("name", "change"), [("lr-1e-5", "x"), ("lr-50", "/")])
 def test_learning_rate_leads_of_the_scenarios_are_confirmed(tmp_path: Path, name: str,
                                                             change: str, seed: int) -> None:
@@ -94,7 +95,7 @@ def decayed(weight_decay: float) -> Any:
     return build
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 def test_a_learning_rate_lead_the_remedy_does_not_cure_is_challenged(tmp_path: Path,
                                                                      seed: int) -> None:
     _, _, report = fit(decayed(1.0), tmp_path, seed)

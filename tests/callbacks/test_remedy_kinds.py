@@ -2,10 +2,13 @@
 standardized, gradients zeroed, missing parameters added to the optimizer, exploding gradients
 tamed by a lower learning rate and a clip; each broken fit's lead is confirmed on a copy (or, for
 a fact observed on the copy that the short replay cannot show harmful, inconclusive, never
-refuted), and each fixed twin has no lead and runs nothing."""
+refuted), and each fixed twin has no lead and runs nothing. The ranking uses the trial: the
+raw-pixel digits' curve finding is explained by the input scale the trial cured (one fit per seed
+holds the assertions of both tests)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from lightning_triage import GradientMonitor, TriageReport
 from lightning_triage.demo import SCENARIOS
 from lightning_triage.demo.digits import DigitsMLP, digits_loaders
 from tests.callbacks.test_remedy import fit, lead_of
+from tests.helpers import seeds
 
 BY_NAME = {s.name: s for s in SCENARIOS}
 
@@ -74,11 +78,31 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+Fit = tuple[Path, Any, dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def broken_fit(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Fit]:
+    """``(report_dir, triage, report)`` of a broken case's fit on a seed, fitted once per module
+    (the raw-pixel fits serve two tests)."""
+    done: dict[tuple[str, int], Fit] = {}
+
+    def get(name: str, seed: int) -> Fit:
+        if (name, seed) not in done:
+            path = tmp_path_factory.mktemp(f"{name}-{seed}")
+            triage, _, report = fit(CASES[name][0], path, seed)
+            done[name, seed] = (path, triage, report)
+        return done[name, seed]
+
+    return get
+
+
+@pytest.mark.parametrize("seed", seeds())
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_remedy_is_confirmed_on_a_copy(tmp_path: Path, name: str, seed: int) -> None:
-    broken, _, code, kind = CASES[name]
-    triage, _, report = fit(broken, tmp_path, seed)
+def test_the_remedy_is_confirmed_on_a_copy(broken_fit: Callable[[str, int], Fit], name: str,
+                                           seed: int) -> None:
+    _, _, code, kind = CASES[name]
+    tmp_path, triage, report = broken_fit(name, seed)
     lead = lead_of(report)
     assert lead["code"] == code
     remedy = lead["remedy"]
@@ -92,6 +116,25 @@ def test_the_remedy_is_confirmed_on_a_copy(tmp_path: Path, name: str, seed: int)
     assert "Remedy: confirmed on a copy: " in (tmp_path / "triage_report.md").read_text()
 
 
+@pytest.mark.parametrize("seed", seeds())
+def test_a_confirmed_input_remedy_explains_the_curve_it_cured(
+        broken_fit: Callable[[str, int], Fit], seed: int) -> None:
+    """The demo's raw-pixel digits (0-16, SGD lr 0.5) saturate and the curve settles at chance;
+    standardizing the inputs, tried on a copy, cures it, so the input scale leads and the curve
+    finding is marked explained by it."""
+    _, _, report = broken_fit("raw-pixels", seed)
+    lead = lead_of(report)
+    assert lead["code"] == "data.unnormalized_input"
+    assert (lead["remedy"]["kind"], lead["remedy"]["verdict"]) == ("standardize_input",
+                                                                   "confirmed")
+    curves = [f for f in report["findings"] if f["code"].startswith("curve.")
+              and f["severity"] != "info"]
+    assert curves  # the saturated curve: at chance, or stuck
+    for f in curves:
+        assert "data.unnormalized_input" in f["explained_by"], f
+        assert "Explained by `data.unnormalized_input`" in f["message"]
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_fixed_twin_runs_nothing(tmp_path: Path, name: str) -> None:
     _, fixed, _, _ = CASES[name]
@@ -101,7 +144,7 @@ def test_the_fixed_twin_runs_nothing(tmp_path: Path, name: str) -> None:
     assert not any("remedy" in f for f in report["findings"])
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 def test_stale_gradients_that_speed_the_first_steps_are_not_refuted(tmp_path: Path,
                                                                    seed: int) -> None:
     """Without momentum, gradients never zeroed sum up like momentum without decay: the first 30
@@ -117,7 +160,7 @@ def test_stale_gradients_that_speed_the_first_steps_are_not_refuted(tmp_path: Pa
     assert remedy["after"]["loss"] > remedy["before"]["loss"]  # zeroing was slower here
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 def test_exploding_gradients_are_tamed_by_a_lower_lr_and_a_clip(tmp_path: Path,
                                                                 seed: int) -> None:
     """The digits MLP at lr 50 watched by the gradient monitor alone: `grad.exploding` leads;

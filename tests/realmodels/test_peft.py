@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from tests.helpers import seeds
 from tests.realmodels.models import (
     VOCAB,
     HFModule,
@@ -37,7 +38,7 @@ pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 #: seed 0 in every run, 1-4 in the slow lane
-SEEDS = [0, *(pytest.param(s, marks=pytest.mark.slow, id=str(s)) for s in range(1, 5))]
+SEEDS = seeds(5)
 PRETRAIN_STEPS = {"bert": 64, "gpt2": 120}
 
 

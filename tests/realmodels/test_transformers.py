@@ -29,8 +29,8 @@ from tests.realmodels.models import (
 pytest.importorskip("transformers")
 
 #: seed 0 in every run, 1-4 in the slow lane
-BERT_SEEDS = [0, *(pytest.param(s, marks=pytest.mark.slow, id=str(s)) for s in range(1, 5))]
-GPT2_SEEDS = [0, *(pytest.param(s, marks=pytest.mark.slow, id=str(s)) for s in range(1, 5))]
+BERT_SEEDS = seeds(5)
+GPT2_SEEDS = seeds(5)
 
 
 def fit_report(tmp_path: Path, build: Callable[[], pl.LightningModule], task: str,

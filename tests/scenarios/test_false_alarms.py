@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_triage import LossCurveMonitor, Triage
-from tests.helpers import WATCHES, assert_ran_and_passed, make_trainer
+from tests.helpers import WATCHES, assert_ran_and_passed, make_trainer, seeds
 
 
 def wine_loaders(seed: int, n_val: int = 38) -> tuple[DataLoader, DataLoader]:
@@ -56,7 +56,7 @@ class WineMLP(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", seeds(2))
 def test_small_validation_set_drift_is_not_overfitting(tmp_path: Path, seed: int) -> None:
     """Wine: 140 training and 38 validation examples, MLP, Adam 3e-3, 15 epochs. The late rise
     of the validation loss is inside the noise of a mean over 38 examples."""

@@ -14,7 +14,7 @@ import pytest
 
 from lightning_triage import Triage
 from lightning_triage.demo.broken import broken_run
-from tests.helpers import seeds
+from tests.helpers import other_seeds, seeds
 from tests.scenarios.objective_recipes import RECIPES
 
 pytest.importorskip("sklearn")
@@ -108,7 +108,7 @@ def test_watching_the_step_changes_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", other_seeds())
 @pytest.mark.parametrize("name", ["vae-kl-sign", "clip-scale-twice"])
 def test_objective_bugs_hold_on_other_seeds(tmp_path: Path, name: str, seed: int) -> None:
     # seed 0 is the registry's test (tests/scenarios/test_broken_runs.py)

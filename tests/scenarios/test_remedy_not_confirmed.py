@@ -15,6 +15,7 @@ import pytest
 from lightning_triage import Triage
 from lightning_triage.callbacks import _remedy
 from lightning_triage.demo.broken import REFUTED_LEAD_RUNS, broken_run
+from tests.helpers import seeds
 
 SLOW = ("curve.lr_too_low", "curve.not_learning")
 
@@ -38,7 +39,7 @@ def fit(build: Any, tmp_path: Path, seed: int) -> tuple[Triage, dict[str, Any]]:
     return triage, report
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", seeds())
 @pytest.mark.parametrize("name", REFUTED_LEAD_RUNS)
 def test_a_larger_learning_rate_does_not_cure_it_and_the_cause_is_named(
         tmp_path: Path, name: str, seed: int) -> None:
