@@ -16,7 +16,13 @@ import pytest
 
 from lightning_triage import TriageReportError
 from lightning_triage.__main__ import main
-from lightning_triage.report import REPORT_SCHEMA, load_report, validate_report, write_report
+from lightning_triage.report import (
+    REPORT_SCHEMA,
+    TriageGateError,
+    load_report,
+    validate_report,
+    write_report,
+)
 from lightning_triage.report.schema import ANNOTATIONS, KEYWORDS, MAX_DEPTH
 from lightning_triage.testing import assert_no_findings
 from tests.hostile import hostile_report
@@ -173,3 +179,14 @@ def test_the_cli_imports_neither_torch_nor_lightning(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120, check=True).stdout
     assert "HEAVY []" in out
+
+
+def test_assert_no_findings_fails_an_interrupted_run_as_the_cli_gate_does(tmp_path: Path) -> None:
+    report = healthy_report()
+    assert_no_findings(report)  # completed and clean: passes
+    report["status"] = "interrupted"
+    with pytest.raises(TriageGateError, match="interrupted run") as err:
+        assert_no_findings(report)
+    assert err.value.interrupted and err.value.findings == []
+    write_report(report, tmp_path, html=False)
+    assert main(["show", str(tmp_path), "--fail-on", "error"]) == 1

@@ -46,7 +46,9 @@ def assert_no_findings(report: Mapping[str, Any] | str | os.PathLike[str] | Any,
         ignore: finding codes to leave out (e.g. ``["data.class_imbalance"]``).
 
     Raises:
-        TriageGateError: findings at ``severity`` or worse (an ``AssertionError``).
+        TriageGateError: findings at ``severity`` or worse, or a report of an interrupted run
+            (status ``"interrupted"``: it may miss what the rest of the fit would have found),
+            as ``lightning-triage show --fail-on`` (an ``AssertionError``).
         TriageReportError: ``report`` is not a valid report (a ``ValueError``: a broken gate
             input is not a test failure), with a one-line message.
         FileNotFoundError: no report at the path.
@@ -68,8 +70,9 @@ def assert_no_findings(report: Mapping[str, Any] | str | os.PathLike[str] | Any,
         validate_report(data)
     skip = set(ignore)
     bad = [f for f in problems_at(data, severity) if f["code"] not in skip]
-    if bad:
-        raise TriageGateError(bad, severity, path)
+    interrupted = data.get("status") == "interrupted"
+    if bad or interrupted:
+        raise TriageGateError(bad, severity, path, interrupted=interrupted)
 
 
 class CountingBackend:

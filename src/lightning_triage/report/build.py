@@ -114,6 +114,8 @@ class TriageGateError(AssertionError):
     Attributes:
         findings: the offending findings (report dicts).
         path: the written JSON report, when there is one.
+        interrupted: the report is of an interrupted run (status ``"interrupted"``), which
+            fails a gate whatever its findings, as ``lightning-triage show --fail-on`` does.
 
     Example:
         >>> err = TriageGateError([{"code": "init.loss_above_chance", "severity": "warning",
@@ -123,14 +125,19 @@ class TriageGateError(AssertionError):
     """
 
     def __init__(self, findings: Sequence[Mapping[str, Any]], severity: str,
-                 path: str | Path | None = None) -> None:
+                 path: str | Path | None = None, *, interrupted: bool = False) -> None:
         self.findings = [dict(f) for f in findings]
         self.severity = severity
         self.path = None if path is None else Path(path)
+        self.interrupted = interrupted
         where = f"; full report: {self.path}" if self.path is not None else ""
-        super().__init__(
-            f"lightning-triage found {len(self.findings)} finding(s) at severity "
-            f"'{severity}' or worse{where}\n{describe_findings(self.findings)}")
+        head = (f"lightning-triage found {len(self.findings)} finding(s) at severity "
+                f"'{severity}' or worse{where}")
+        if interrupted:  # a run that did not end may miss what the rest of the fit would find
+            head = (f"lightning-triage: the report is of an interrupted run (it may miss "
+                    f"findings), with {len(self.findings)} finding(s) at severity '{severity}' "
+                    f"or worse{where}")
+        super().__init__(f"{head}\n{describe_findings(self.findings)}".rstrip("\n"))
 
 
 def minimal_report(findings: Sequence[Finding | Mapping[str, Any]], *, status: ReportStatus,
