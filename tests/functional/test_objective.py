@@ -259,3 +259,12 @@ def test_calls_with_arguments_it_cannot_read_are_kept_unknown() -> None:
     call = describe_call(F.cross_entropy, (torch.zeros(2, 3),), {"bogus": 1}, torch.tensor(1.0))
     assert call is not None and call.kind == "other" and not math.isfinite(call.lower_bound)
     assert describe_call(torch.add, (), {}, torch.tensor(1.0)) is None
+
+
+def test_a_robust_regression_loss_is_heavy_tailed_and_squared_error_is_not() -> None:
+    pred, y = torch.zeros(16, requires_grad=True), torch.randn(16, generator=G)
+    for loss_fn, heavy in ((nn.HuberLoss(), True), (nn.SmoothL1Loss(), True),
+                           (nn.L1Loss(), True), (nn.MSELoss(), False)):
+        objective, _ = watched(lambda loss_fn=loss_fn: loss_fn(pred, y))
+        assert objective.heavy_tailed is heavy, loss_fn
+        assert not objective.noisy, loss_fn  # its pace is still judged

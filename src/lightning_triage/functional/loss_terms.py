@@ -49,6 +49,8 @@ LOSS_FUNCTIONS: dict[Any, str] = {
     F.multi_margin_loss: "multi_margin_loss", F.soft_margin_loss: "soft_margin_loss",
 }
 _REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+#: The robust regression losses (chosen for targets with outliers: heavy-tailed batch losses).
+ROBUST_LOSSES = ("l1_loss", "smooth_l1_loss", "huber_loss")
 _METRIC = ("triplet_margin_loss", "triplet_margin_with_distance_loss", "cosine_embedding_loss",
            "margin_ranking_loss", "hinge_embedding_loss")
 _KIND_TEXT = {
@@ -317,4 +319,4 @@ def describe_call(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
     return LossCall(name, value, facts=facts, **info)
 
 
-__all__ = ["LOSS_FUNCTIONS", "LossCall", "describe_call"]
+__all__ = ["LOSS_FUNCTIONS", "ROBUST_LOSSES", "LossCall", "describe_call"]

@@ -45,7 +45,12 @@ from lightning_triage._torch_compat import exit_function_mode
 from lightning_triage.functional.chance import ChanceLevel
 from lightning_triage.functional.compiled import compiled_parts
 from lightning_triage.functional.draws import DrawWatch
-from lightning_triage.functional.loss_terms import LOSS_FUNCTIONS, LossCall, describe_call
+from lightning_triage.functional.loss_terms import (
+    LOSS_FUNCTIONS,
+    ROBUST_LOSSES,
+    LossCall,
+    describe_call,
+)
 
 #: How the step's loss relates to the recognized calls.
 Match = Literal["single", "sum", "mean", "scaled", "composite", "none"]
@@ -178,6 +183,12 @@ class Objective:
         """The loss has per-step noise and an unknown floor by nature: a fresh draw per step,
         or in-batch negatives (each batch its own candidates)."""
         return self.fresh_draws or any(c.kind == "in_batch_negatives" for c in self.calls)
+
+    @property
+    def heavy_tailed(self) -> bool:
+        """The step calls a robust regression loss (Huber, smooth L1, L1): one chosen for
+        outlier targets, whose per-batch value swings with the outliers each batch holds."""
+        return any(c.name in ROBUST_LOSSES for c in self.calls)
 
     def _combined(self, attr: str) -> float | None:
         values = [getattr(t, attr) for t in self.terms]
