@@ -165,7 +165,9 @@ def _cross_entropy(a: Mapping[str, Any], name: str) -> dict[str, Any]:
     if share > 0 and t.ndim >= 2:
         kind, facts["masked_share"] = "masked_lm", 1.0 - share
     square = x.ndim == 2 and x.shape[0] == x.shape[1] > 1 and t.ndim == 1
-    if square and bool((t == torch.arange(t.numel(), device=t.device)).all()):
+    # each row scored against the batch, its positive another column: the diagonal (CLIP) or a
+    # permutation of the rows (SimCLR's NT-Xent pairs view i with view i + N)
+    if square and bool((t.sort().values == torch.arange(t.numel(), device=t.device)).all()):
         kind = "in_batch_negatives"
     floor = 0.0
     if smoothing and name == "cross_entropy":

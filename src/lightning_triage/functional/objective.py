@@ -58,6 +58,11 @@ Match = Literal["single", "sum", "mean", "scaled", "composite", "none"]
 #: (the mean divided by the batch size again is a bug); a scaled KL (``KL * T^2``) is not judged.
 _SCALE_JUDGED = ("multiclass", "sequence", "masked_lm", "soft_targets", "in_batch_negatives",
                  "multilabel", "binary", "regression")
+#: The kinds that score the batch's own hard labels (a draw in their step is augmentation).
+_HARD_LABEL_KINDS = ("multiclass", "sequence", "binary", "multilabel")
+_HARD_FORMS = ("indices", "one_hot", "binary", "multilabel")
+#: Draws that sample from the model's outputs (an action, a token), not augmentation.
+_SAMPLING_DRAWS = frozenset({"multinomial", "gumbel_softmax"})
 #: At most this many loss calls are kept per watch.
 MAX_CALLS = 32
 #: Relative tolerance of "the step's loss is this term".
@@ -179,10 +184,24 @@ class Objective:
         return bool(self.draws)
 
     @property
+    def augmented(self) -> bool:
+        """The step draws, but its known objective scores the batch's hard labels (a
+        cross-entropy or BCE against class indices or 0/1 labels): the draws perturb the inputs
+        (random crops, noise: augmentation), not what is scored, and the floor stays 0. A draw
+        that samples from the model's own outputs (``multinomial``, ``gumbel_softmax``: an
+        action, a token) is not augmentation."""
+        term = self.term
+        return self.fresh_draws and self.known and term is not None \
+            and term.kind in _HARD_LABEL_KINDS and term.target_form in _HARD_FORMS \
+            and not set(self.draws) & _SAMPLING_DRAWS
+
+    @property
     def noisy(self) -> bool:
-        """The loss has per-step noise and an unknown floor by nature: a fresh draw per step,
-        or in-batch negatives (each batch its own candidates)."""
-        return self.fresh_draws or any(c.kind == "in_batch_negatives" for c in self.calls)
+        """The loss has per-step noise and an unknown floor by nature: a fresh draw per step
+        (other than the augmentation of a hard-label classifier, see :attr:`augmented`), or
+        in-batch negatives (each batch its own candidates)."""
+        return (self.fresh_draws and not self.augmented) \
+            or any(c.kind == "in_batch_negatives" for c in self.calls)
 
     @property
     def heavy_tailed(self) -> bool:
