@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from lightning_triage._torch_compat import exit_function_mode
 from lightning_triage.functional.chance import ChanceLevel
-from lightning_triage.functional.compiled import compiled_parts
+from lightning_triage.functional.compiled import compiled_functions, compiled_parts
 from lightning_triage.functional.draws import DrawWatch
 from lightning_triage.functional.loss_terms import (
     LOSS_FUNCTIONS,
@@ -126,6 +126,8 @@ class Objective:
         draws: the random functions the step called (other than dropout).
         dropouts: the dropout calls that dropped.
         log_probs: the softmax-family calls (:data:`LOG_PROB_FUNCTIONS`) the step made.
+        compiled: the compiled function the step calls, when the step was not watched because
+            of it (the objective is then unknown: nothing was seen).
     """
 
     calls: tuple[LossCall, ...] = ()
@@ -134,6 +136,7 @@ class Objective:
     draws: tuple[str, ...] = ()
     dropouts: tuple[str, ...] = ()
     log_probs: tuple[str, ...] = ()
+    compiled: str = ""
 
     @property
     def terms(self) -> tuple[LossCall, ...]:
@@ -293,6 +296,9 @@ class Objective:
             >>> Objective().describe()
             'no recognized loss function'
         """
+        if self.compiled:
+            return (f"a loss computed in compiled code (`{self.compiled}`, not watched: "
+                    "torch.compile would trace the watch into its graph)")
         if self.match == "none":
             text = "no recognized loss function"
         elif self.known:
@@ -470,20 +476,31 @@ class StepObjective:
         self._watch: ObjectiveWatch | None = None
         self._done: ObjectiveWatch | None = None
         self._node: Any = None
+        self._compiled = ""  # the compiled function that kept the step unwatched
         self.skipped = ""
 
     @property
     def active(self) -> bool:
         """Whether a step is being watched or waits for :meth:`finish`."""
-        return self._watch is not None or self._done is not None
+        return self._watch is not None or self._done is not None or bool(self._compiled)
 
     def start(self, module: nn.Module) -> None:
-        """Start watching (nothing when ``module`` holds compiled code)."""
+        """Start watching (nothing when ``module`` holds compiled code or its code calls a
+        compiled function: :meth:`finish` then returns an unknown :class:`Objective` naming
+        it, so the checks judge no chance level from the batch's labels)."""
         self.close()
+        self._compiled = ""
         compiled = compiled_parts(module)
         if compiled:
             self.skipped = (f"the module runs compiled code (`{compiled[0] or 'the module'}`): "
                             "the step is not watched")
+            return
+        functions = compiled_functions(module)
+        if functions:  # dynamo would trace the watch's mode into the function's graph
+            self._compiled = functions[0]
+            self.skipped = (f"the step calls the compiled function `{functions[0]}`: dynamo "
+                            "traces a torch function mode active at its call into the graph "
+                            "it compiles (and guards on it), so the step is not watched")
             return
         self.skipped = ""
         self._watch = ObjectiveWatch(outermost=True)
@@ -504,7 +521,10 @@ class StepObjective:
         self.stop()
         done, self._done = self._done, None
         node, self._node = self._node, None
-        return None if done is None else done.objective(loss, node)
+        if done is None:
+            compiled, self._compiled = self._compiled, ""
+            return Objective(loss=loss, compiled=compiled) if compiled else None
+        return done.objective(loss, node)
 
     def close(self) -> None:
         """Stop and forget (teardown, a crash inside the step)."""
