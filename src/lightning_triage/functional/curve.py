@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_triage.codes.curve import UNBOUNDED_BELOW_HINT
 from lightning_triage.functional.spikes import detect_spikes, grew_before
 from lightning_triage.functional.verdict import Verdict
 
@@ -262,13 +263,18 @@ def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], st
         if not grew_before(x, i, ref, th.diverge_ratio) and not fell:
             return None  # NaN/Inf out of the blue: a numerics bug, not the curve's shape
         last = float(x[i - 1]) if i > 0 else math.nan
-        early = " so early that the learning rate is the first suspect" if i < 50 else ""
+        down = fell and not grew_before(x, i, ref, th.diverge_ratio)
+        early = " so early that the learning rate is the first suspect" if i < 50 and not down \
+            else ""
         return Verdict(
             "curve.diverging", int(st[i]),
             f"the training loss became {x[i]} at step {int(st[i])}{early} (step-0 loss "
-            f"{_fmt(step0)}, last finite value {_fmt(last)}).",
+            f"{_fmt(step0)}, last finite value {_fmt(last)})"
+            + (": it fell without bound first, a loss no objective can reach." if down else "."),
             evidence={"first_nonfinite_step": int(st[i]), "value": str(x[i]), "step0": step0,
-             "last_finite": last, "max_finite": float(np.max(x[:i])) if i else math.nan})
+             "last_finite": last, "max_finite": float(np.max(x[:i])) if i else math.nan,
+             **({"direction": "down"} if down else {})},
+            hint=UNBOUNDED_BELOW_HINT if down else None)
     for s, v in vals:
         if not math.isfinite(v):
             return Verdict(
@@ -325,7 +331,8 @@ def _unbounded_fall(x: np.ndarray, st: np.ndarray, step0: float, th: CurveThresh
         f"{int(st[i])} and still falling ({math.exp(slope):.3g}x per step): a loss that no "
         "objective can reach, e.g. a term with the wrong sign.",
         evidence={"step0": step0, "level": float(med[-1]), "since_step": int(st[i]),
-                  "log_slope_per_step": slope, "direction": "down"})
+                  "log_slope_per_step": slope, "direction": "down"},
+        hint=UNBOUNDED_BELOW_HINT)
 
 
 def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
