@@ -295,7 +295,11 @@ def test_augmentation_in_a_classifier_step_is_not_a_noisy_objective() -> None:
         return F.cross_entropy(net(x), lam * F.one_hot(y, 3).float()
                                + (1 - lam) * F.one_hot(y.flip(0), 3).float())
 
-    for step in (diffusion, policy, mixup):
+    def gan() -> torch.Tensor:  # real/fake labels made in the step, a latent drawn
+        fake = net(torch.randn(8, 4))[:, 0]
+        return F.binary_cross_entropy_with_logits(fake, torch.ones(8))
+
+    for step in (diffusion, policy, mixup, gan):
         objective, _ = watched(step)
         assert not objective.augmented and objective.noisy, step.__name__
 

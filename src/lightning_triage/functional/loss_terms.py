@@ -140,12 +140,19 @@ def _entropy(p: Tensor, dim: int) -> Tensor:
     return -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(dim)
 
 
+def _constant(t: Tensor) -> bool | None:
+    """``True`` when every target is the same value (labels made in the step, as a GAN's all
+    ones / all zeros, not read from the batch); ``None`` otherwise (left out of the facts)."""
+    return True if t.numel() > 1 and bool((t == t.flatten()[0]).all()) else None
+
+
 def _cross_entropy(a: Mapping[str, Any], name: str) -> dict[str, Any]:
     x, t = a["input"].detach(), a["target"].detach()
     class_dim = 0 if x.ndim == 1 else 1
     c = int(x.shape[class_dim])
     smoothing = float(a.get("label_smoothing", 0.0) or 0.0)
-    facts: dict[str, Any] = {"label_smoothing": smoothing or None}
+    facts: dict[str, Any] = {"label_smoothing": smoothing or None,
+                             "constant_target": _constant(t)}
     chance = math.log(c) if c > 1 else None
     if t.is_floating_point():  # class probabilities, same shape as the input
         p = t.double()
@@ -206,7 +213,8 @@ def _bce(a: Mapping[str, Any], logits: bool) -> dict[str, Any]:
         prior = float(loss_at(p_const, t).mean())
     return {"kind": "multilabel" if labels else "binary", "target_form": form,
             "num_classes": labels, "chance": chance, "floor": floor, "prior": prior,
-            "facts": {"pos_weight": None if pw is None else [float(v) for v in
+            "facts": {"constant_target": _constant(t),
+                      "pos_weight": None if pw is None else [float(v) for v in
                                                              pw.detach().flatten()[:16]]}}
 
 

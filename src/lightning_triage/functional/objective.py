@@ -192,11 +192,13 @@ class Objective:
         cross-entropy or BCE against class indices or 0/1 labels): the draws perturb the inputs
         (random crops, noise: augmentation), not what is scored, and the floor stays 0. A draw
         that samples from the model's own outputs (``multinomial``, ``gumbel_softmax``: an
-        action, a token) is not augmentation."""
+        action, a token) is not augmentation, nor a draw beside targets that are all one value
+        (labels made in the step: a GAN's real/fake BCE against all ones or all zeros)."""
         term = self.term
         return self.fresh_draws and self.known and term is not None \
             and term.kind in _HARD_LABEL_KINDS and term.target_form in _HARD_FORMS \
-            and not set(self.draws) & _SAMPLING_DRAWS
+            and not set(self.draws) & _SAMPLING_DRAWS \
+            and not any(t.facts.get("constant_target") for t in self.terms)
 
     @property
     def noisy(self) -> bool:
