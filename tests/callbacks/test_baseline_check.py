@@ -132,6 +132,42 @@ def test_a_head_that_is_not_one_logit_per_class_is_not_compared(tmp_path: Path) 
     assert "32] column(s) for 10 classes" in check.detail
 
 
+class TripletEmbedder(DigitsStack):
+    """A 10-d embedding (as wide as the digits' class count) trained with a triplet loss on
+    in-batch triplets: its outputs are no class scores. ``hand_written``: the same margin loss
+    written with ``relu`` (no loss function the watch knows)."""
+
+    def __init__(self, hand_written: bool = False) -> None:
+        super().__init__(lr=1e-2)
+        self.hand_written = hand_written
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        z = torch.nn.functional.normalize(self(x), dim=1)
+        same = (y[:, None] == y[None, :]).float() - torch.eye(len(y))
+        positive = z[same.argmax(1)]  # another example of the class (itself if none)
+        negative = z[(y[:, None] != y[None, :]).float().argmax(1)]  # one of another class
+        if self.hand_written:
+            gap = (z - positive).norm(dim=1) - (z - negative).norm(dim=1) + 0.2
+            return torch.relu(gap).mean()
+        return torch.nn.functional.triplet_margin_loss(z, positive, negative, margin=0.2)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_emb_norm", self(batch[0]).norm(dim=1).mean())
+
+
+@pytest.mark.parametrize("hand_written", [False, True])
+def test_an_embedding_as_wide_as_the_class_count_is_not_compared(tmp_path: Path,
+                                                                  hand_written: bool) -> None:
+    check = _fit(tmp_path, lambda: TripletEmbedder(hand_written))
+    assert check.findings == [] and check.last is None, check.detail
+    assert check.not_scores is not None and "not a loss over class scores" in check.detail
+    assert ("metric-learning" in check.detail) is not hand_written
+    restored = BaselineCheck()
+    restored.load_state_dict(pickle.loads(pickle.dumps(check)).state_dict())
+    assert restored.not_scores == check.not_scores
+
+
 def test_multilabel_targets_are_not_a_regression() -> None:
     x = torch.randn(40, 3)
     y = (torch.rand(40, 4) > 0.5).float()

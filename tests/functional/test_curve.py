@@ -316,8 +316,17 @@ def test_a_loss_that_falls_without_bound_is_diverging() -> None:
     assert [v.code for v in verdicts] == ["curve.diverging"]
     assert "fell without bound" in verdicts[0].message
     assert verdicts[0].evidence["direction"] == "down"
+    # a sign bug: the advice is the objective's, not the learning rate's
+    assert verdicts[0].hint is not None and "unbounded below" in verdicts[0].hint
+    assert "learning rate" not in verdicts[0].message
     # a NaN after such a fall is a divergence too, not a numerics bug out of the blue
-    assert [v.code for v in classify_curve([*falling, float("-inf")])] == ["curve.diverging"]
+    after = classify_curve([*falling, float("-inf")])
+    assert [v.code for v in after] == ["curve.diverging"]
+    assert after[0].evidence["direction"] == "down" and after[0].hint == verdicts[0].hint
+    assert "learning rate" not in after[0].message
+    # growth to +inf keeps the registry's advice (lower the learning rate)
+    up = classify_curve([2.3 * 1.5 ** i for i in range(40)] + [float("inf")])
+    assert up[0].code == "curve.diverging" and up[0].hint is None
 
 
 def test_a_likelihood_that_settles_below_zero_is_not_diverging() -> None:

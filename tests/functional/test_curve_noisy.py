@@ -46,3 +46,50 @@ def test_a_rebound_within_the_noise_is_not_instability() -> None:
 def test_a_real_rise_is_still_instability() -> None:
     runs = [_noisy([1.0, 1.2, 1.8, 2.4, 2.6, 2.5, 2.6, 2.5], 0.1, seed) for seed in _SEEDS]
     assert all(_codes(t, noisy=True) == ["curve.lr_too_high"] for t in runs)
+
+
+# ------------------------------------------------------- heavy-tailed losses (a robust loss)
+def _outliers(levels: list[float], seed: int, per_block: int = 6) -> list[float]:
+    """Huber-like batch losses: ``per_block`` steps at each level, small Gaussian noise, plus
+    0.15 per outlier target the batch holds (Poisson, 1.6 per batch on average)."""
+    rng = np.random.default_rng(seed)
+    base = np.repeat(levels, per_block)
+    return list(base + 0.04 * rng.standard_normal(base.size)
+                + 0.15 * rng.poisson(1.6, base.size))
+
+
+def test_outlier_batches_of_a_robust_loss_are_not_instability() -> None:
+    runs = [_outliers([0.5, 0.3, 0.25, 0.2], seed) for seed in range(20)]
+    assert sum(classify_curve(t)[0].code == "curve.lr_too_high" for t in runs) >= 2
+    for train in runs:
+        assert "curve.lr_too_high" not in _codes_heavy(train)
+
+
+def test_a_real_rise_of_a_robust_loss_is_still_instability() -> None:
+    runs = [_outliers([0.5, 1.0, 1.6, 2.0], seed) for seed in range(20)]
+    assert all(_codes_heavy(t) == ["curve.lr_too_high"] for t in runs)
+
+
+def _codes_heavy(train: list[float]) -> list[str]:
+    return [v.code for v in classify_curve(train, heavy_tailed=True)]
+
+
+# ------------------------------------------------- the window's fall, read from its trend
+def _steady(fall: float, seed: int, unlucky_start: float) -> list[float]:
+    """A straight decline by ``fall`` over 32 steps (noise 0.3 at 24.5) whose first three
+    batches happen to be ``unlucky_start`` lower."""
+    rng = np.random.default_rng(seed)
+    x = 24.5 * (1 - fall * np.arange(32) / 31) + 0.3 * rng.standard_normal(32)
+    x[:3] -= unlucky_start
+    return list(x)
+
+
+def test_a_low_start_median_does_not_make_a_healthy_pace_slow() -> None:
+    # the start median reads 6-9% of fall; the trend over the 32 steps reads 14%
+    for seed in _SEEDS:
+        assert classify_curve(_steady(0.14, seed, 1.5))[0].code == "curve.healthy"
+
+
+def test_a_slow_steady_decline_with_a_low_start_is_still_lr_too_low() -> None:
+    codes = [classify_curve(_steady(0.06, seed, 1.0))[0].code for seed in _SEEDS]
+    assert codes.count("curve.lr_too_low") >= 7

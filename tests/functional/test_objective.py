@@ -259,3 +259,55 @@ def test_calls_with_arguments_it_cannot_read_are_kept_unknown() -> None:
     call = describe_call(F.cross_entropy, (torch.zeros(2, 3),), {"bogus": 1}, torch.tensor(1.0))
     assert call is not None and call.kind == "other" and not math.isfinite(call.lower_bound)
     assert describe_call(torch.add, (), {}, torch.tensor(1.0)) is None
+
+
+def test_a_robust_regression_loss_is_heavy_tailed_and_squared_error_is_not() -> None:
+    pred, y = torch.zeros(16, requires_grad=True), torch.randn(16, generator=G)
+    for loss_fn, heavy in ((nn.HuberLoss(), True), (nn.SmoothL1Loss(), True),
+                           (nn.L1Loss(), True), (nn.MSELoss(), False)):
+        objective, _ = watched(lambda loss_fn=loss_fn: loss_fn(pred, y))
+        assert objective.heavy_tailed is heavy, loss_fn
+        assert not objective.noisy, loss_fn  # its pace is still judged
+
+
+def test_augmentation_in_a_classifier_step_is_not_a_noisy_objective() -> None:
+    net, x = nn.Linear(4, 3), torch.randn(8, 4, generator=G)
+    y = torch.randint(0, 3, (8,), generator=G)
+
+    def augmented() -> torch.Tensor:  # input noise and a random feature drop, hard labels
+        keep = torch.rand(8, 4) > 0.1
+        return F.cross_entropy(net((x + 0.1 * torch.randn_like(x)) * keep), y,
+                               label_smoothing=0.1)
+
+    objective, _ = watched(augmented)
+    assert objective.fresh_draws and objective.augmented and not objective.noisy
+
+    def diffusion() -> torch.Tensor:  # the target itself is drawn
+        noise = torch.randn_like(x)
+        return F.mse_loss(net(x + noise)[:, :1].expand(8, 4), noise)
+
+    def policy() -> torch.Tensor:  # the "labels" are actions sampled from the model
+        logits = net(x)
+        return F.cross_entropy(logits, torch.multinomial(logits.softmax(1), 1).squeeze(1))
+
+    def mixup() -> torch.Tensor:  # soft targets drawn per step
+        lam = float(torch.rand(()))
+        return F.cross_entropy(net(x), lam * F.one_hot(y, 3).float()
+                               + (1 - lam) * F.one_hot(y.flip(0), 3).float())
+
+    def gan() -> torch.Tensor:  # real/fake labels made in the step, a latent drawn
+        fake = net(torch.randn(8, 4))[:, 0]
+        return F.binary_cross_entropy_with_logits(fake, torch.ones(8))
+
+    for step in (diffusion, policy, mixup, gan):
+        objective, _ = watched(step)
+        assert not objective.augmented and objective.noisy, step.__name__
+
+
+def test_nt_xent_pairs_are_in_batch_negatives() -> None:
+    z = F.normalize(torch.randn(8, 4, generator=G), dim=1)
+    sim = (z @ z.T).masked_fill(torch.eye(8, dtype=torch.bool), -1e9)
+    targets = torch.cat([torch.arange(4, 8), torch.arange(0, 4)])  # view i pairs with i + N
+    objective, _ = watched(lambda: F.cross_entropy(sim, targets))
+    assert objective.term is not None and objective.term.kind == "in_batch_negatives"
+    assert objective.noisy and objective.floor is None

@@ -60,6 +60,12 @@ def test_update_ratio_direction_picks_the_remedy() -> None:
     assert (remedy_kind(above), remedy_kind(below)) == ("lr_down", "lr_up")
 
 
+def test_a_loss_unbounded_below_has_no_learning_rate_remedy() -> None:
+    down = Finding.create("curve.diverging", "fell", check="T", evidence={"direction": "down"})
+    up = Finding.create("curve.diverging", "grew", check="T")
+    assert (remedy_kind(down), remedy_kind(up)) == ("none", "lr_down")
+
+
 @pytest.mark.parametrize(("kind", "as_is", "shown"), [
     ("lr_down", replay([], [2.3, 9.0, math.inf]), True),       # blew up
     ("lr_down", replay([2.2] * 6, [2.3, 3.5, 2.4]), True),       # rose 1.5x

@@ -84,6 +84,9 @@ def test_vae_with_flipped_kl_leads_with_divergence(tmp_path: Path, seed: int) ->
     assert report["start_here"] == "curve.diverging", [f["code"] for f in report["findings"]]
     diverging = next(f for f in report["findings"] if f["code"] == "curve.diverging")
     assert "fell without bound" in diverging["message"]
+    # a sign bug: the hint names the objective, and no learning-rate trial is run for it
+    assert "unbounded below" in diverging["hint"] and "Lower the learning" not in diverging["hint"]
+    assert "remedy" not in diverging, diverging.get("remedy")
     assert diverging["evidence"]["level"] < -10 * abs(diverging["evidence"]["step0"])
     assert "curve.healthy" not in {f["code"] for f in report["findings"]}
 

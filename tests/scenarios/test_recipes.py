@@ -22,11 +22,7 @@ from tests.helpers import seeds
 
 #: The warnings and errors each recipe still raises (issue 41, seeds 0-2: docs/benchmarks.md,
 #: "Healthy recipes"), with the seeds that raise them.
-FALSE_ALARMS: dict[str, tuple[str, tuple[int, ...]]] = {
-    "distillation": ("curve.lr_too_low on seed 2: KL at T=4 plus CE falls 9% in the 32-step "
-                     "window (10% is the threshold), steepening late", (2,)),
-    "huber": ("curve.lr_too_high: outlier batches read as a noisy loss", (1,)),
-}
+FALSE_ALARMS: dict[str, tuple[str, tuple[int, ...]]] = {}
 
 
 def fit_recipe(recipe: Recipe, seed: int, root: Path, triage: Triage | None

@@ -222,7 +222,8 @@ class TriageCallback(Callback):
         """Record a verdict of the functional core as a finding (keyword arguments are added to
         its evidence: what only the callback knows)."""
         return self.add_finding(trainer, verdict.code, verdict.message, severity=verdict.severity,
-                                layer=verdict.layer, evidence={**verdict.evidence, **evidence},
+                                hint=verdict.hint, layer=verdict.layer,
+                                evidence={**verdict.evidence, **evidence},
                                 global_step=verdict.step)
 
     def add_verdicts(self, trainer: pl.Trainer | None,

@@ -13,6 +13,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_triage.callbacks._args import BundleArg, check_batch_keys, check_int, passes
+from lightning_triage.callbacks._shared import loss_from_outputs
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.baselines import (
     Baselines,
@@ -20,11 +21,13 @@ from lightning_triage.functional.baselines import (
     as_features,
     below_baseline,
     compute_baselines,
+    head_not_class_scores,
     model_score,
     target_task,
 )
 from lightning_triage.functional.batch import BatchKey, split_batch
 from lightning_triage.functional.hooks import HeadCapture
+from lightning_triage.functional.objective import StepObjective
 
 #: The model is judged against the baselines from this optimizer step on.
 MIN_STEPS = 150
@@ -49,7 +52,10 @@ class BaselineCheck(TriageCallback):
     (``details.baselines``), one console line and the HTML.
 
     Skipped, with the reason, when the inputs are not float features of at most 4096 values per
-    example or the targets are not class indices or regression values.
+    example or the targets are not class indices or regression values. The model is not compared
+    with the classification baselines when its first training step's loss is not one over class
+    scores (a triplet or embedding head, in-batch negatives, a loss the watch does not know):
+    its head output is an embedding even when it is as wide as the class count.
 
     Args:
         input_key: where the inputs are in a batch the defaults do not understand.
@@ -104,6 +110,10 @@ class BaselineCheck(TriageCallback):
         self._widths: set[int] = set()  # the head output's columns (one per class)
         self._capture = HeadCapture()
         self._in_run = False  # this validation run is read (its first batches)
+        self._objective = StepObjective()  # the first step's loss: are the outputs class scores?
+        #: why the head output is not class scores (the first step's objective), if it is not
+        self.not_scores: str | None = None
+        self._objective_read = False
 
     # ------------------------------------------------------------------ collection
     def _pair(self, batch: Any) -> tuple[Tensor, Tensor] | str:
@@ -123,6 +133,9 @@ class BaselineCheck(TriageCallback):
     @guarded
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
+        if not self._objective_read and batch_idx == 0 and trainer.global_step == 0 \
+                and self.why_not is None:
+            self._objective.start(pl_module)  # which loss the step calls
         if self.why_not is not None or self.baselines is not None \
                 or len(self._train) >= self.max_train_batches \
                 or self._kept(self._train) >= self.max_examples:
@@ -133,6 +146,29 @@ class BaselineCheck(TriageCallback):
             return
         room = self.max_examples - self._kept(self._train)
         self._train.append((_host(pair[0][:room]), _host(pair[1][:room])))
+
+    @override
+    @guarded
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           loss: Tensor) -> None:
+        self._objective.stop(loss)
+
+    @override
+    @guarded
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
+        if self._objective_read:
+            return
+        self._objective_read = True
+        loss = loss_from_outputs(outputs, pl_module, trainer) if self._objective.active else None
+        objective = self._objective.finish(None if loss is None else float(loss))
+        self.not_scores = head_not_class_scores(objective)
+
+    @override
+    def needs_hook(self, hook: str) -> bool:
+        if hook in ("on_before_backward", "on_train_batch_end"):  # the first step's objective
+            return not self._objective_read and not self.idle
+        return super().needs_hook(hook)
 
     def _give_up(self, why: str) -> None:
         self.why_not = why
@@ -202,6 +238,9 @@ class BaselineCheck(TriageCallback):
         if self.baselines is None:
             return
         total, n = sum(s for s, _ in self._scores), sum(c for _, c in self._scores)
+        if self.baselines.task == "classification" and self.not_scores is not None:
+            self.mark_ran(f"baselines {self._describe()}; {self.not_scores}")
+            return
         if self.baselines.task == "classification" and self._widths != {self.baselines.classes}:
             # an embedding or another head than one logit per class: argmax means nothing
             self.mark_ran(f"baselines {self._describe()}; the head output has "
@@ -268,6 +307,7 @@ class BaselineCheck(TriageCallback):
 
     def _close(self) -> None:
         self._capture.close()
+        self._objective.close()
 
     @override
     def remove_handles(self) -> None:
@@ -277,7 +317,8 @@ class BaselineCheck(TriageCallback):
     @override
     def extra_state(self) -> dict[str, Any]:
         return {"baselines": None if self.baselines is None else self.baselines.to_json(),
-                "why_not": self.why_not, "last": None if self.last is None else list(self.last)}
+                "why_not": self.why_not, "last": None if self.last is None else list(self.last),
+                "not_scores": self.not_scores}
 
     @override
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
@@ -288,10 +329,13 @@ class BaselineCheck(TriageCallback):
         self.why_not = state.get("why_not", self.why_not)
         last = state.get("last")
         self.last = (int(last[0]), float(last[1])) if last else self.last
+        self.not_scores = state.get("not_scores", self.not_scores)
+        self._objective_read = True  # a resumed run does not read it again
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_capture"] = HeadCapture()
+        state["_objective"] = StepObjective()
         state["_train"], state["_val"], state["_scores"], state["_widths"] = [], [], [], set()
         return state
 

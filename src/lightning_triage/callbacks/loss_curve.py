@@ -199,6 +199,8 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self.objective_note = ""
         #: the objective's loss is noisy by nature (a fresh draw per step, in-batch negatives)
         self.noisy = False
+        #: the objective's per-batch loss is heavy-tailed by design (a robust loss)
+        self.heavy_tailed = False
         self._chance_read = False  # the first step's chance level was read (or never will be)
         self._steps: StepCounter | None = None
         self._val_runs = 0
@@ -245,6 +247,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         output, targets = self._capture.finish()
         loss = loss_from_outputs(outputs, pl_module, trainer) if self._objective.active else None
         objective = self._objective.finish(None if loss is None else float(loss))
+        self.heavy_tailed = objective is not None and objective.heavy_tailed
         if objective is not None and objective.noisy:
             self.noisy = True
             self.objective_note = (f"`lr_too_low` and `not_learning` not judged for "
@@ -337,7 +340,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         return classify_curve(self.train, steps=self.train_steps, val=self.val,
                               chance=self._scale(), prior=prior, final=final,
                               thresholds=self.thresholds, val_examples=self.val_examples or None,
-                              noisy=self.noisy)
+                              noisy=self.noisy, heavy_tailed=self.heavy_tailed)
 
     def _close_window(self, trainer: pl.Trainer, complete: bool = True) -> None:
         verdicts = self._classify(final=True)
@@ -504,6 +507,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
             "pending": pending, "pending_steps": steps,
             "val_runs": self._val_runs, "window_n": self._window_n,
             "objective_note": self.objective_note, "noisy": self.noisy,
+            "heavy_tailed": self.heavy_tailed,
         }
 
     @override
@@ -531,6 +535,7 @@ class LossCurveMonitor(TriageCallback, WindowMixin):
         self._window_n = int(state.get("window_n", 0))
         self.objective_note = str(state.get("objective_note", ""))
         self.noisy = bool(state.get("noisy", False))
+        self.heavy_tailed = bool(state.get("heavy_tailed", False))
         self._chance_read = True  # a resumed run does not read it again
 
 

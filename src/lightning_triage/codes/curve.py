@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from lightning_triage.codes.spec import CodeSpec, spec
 
+#: The hint of a ``curve.diverging`` whose loss falls without bound (``evidence["direction"]``
+#: is ``"down"``): no objective reaches minus infinity, so the learning rate is not the cause.
+UNBOUNDED_BELOW_HINT = (
+    "The objective is unbounded below: a term has the wrong sign (a KL or entropy term added "
+    "where it should be subtracted, a likelihood maximized instead of minimized, a reward not "
+    "negated) or a penalty the model can drive to minus infinity. Check each term's sign and "
+    "value at step 0; lowering the learning rate only slows the fall.")
+
 SPECS: tuple[CodeSpec, ...] = (
     spec("mode.unsynced_metric", "warning", "A validation metric differs between ranks",
          "Log it with `self.log(..., sync_dist=True)` (or log a torchmetrics `Metric`, which "

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from lightning_triage.functional.objective import Objective
 from lightning_triage.functional.verdict import Verdict
 
 #: Inputs with more features than this (per example, flattened) are not fitted.
@@ -288,7 +289,38 @@ def below_baseline(metric: float, baselines: Baselines, *, step: int,
     return Verdict("curve.below_baseline", step, text + extra, evidence=evidence)
 
 
-__all__ = ["ACCURACY_MARGIN", "MAX_CLASSES", "MAX_FEATURES", "MIN_VAL_EXAMPLES", "MSE_RATIO",
-           "RIDGE", "Baselines", "as_features", "below_baseline", "classification_baselines",
-           "compute_baselines", "model_score", "regression_baselines", "ridge_fit_predict",
-           "target_task"]
+#: The loss kinds (:class:`~lightning_triage.functional.loss_terms.LossCall`) whose input is one
+#: score per class: the argmax of the model's head output is its predicted class.
+CLASS_SCORE_KINDS = frozenset({"multiclass", "sequence", "masked_lm", "soft_targets", "binary",
+                               "multilabel", "distillation", "margin"})
+
+
+def head_not_class_scores(objective: Objective | None) -> str | None:
+    """Why the model's head output cannot be compared with the classification baselines as
+    class scores (``None``: it can), from the objective of its first training step: a
+    metric-learning or contrastive loss (a triplet or embedding head, in-batch negatives) or a
+    loss the watch does not recognize trains an embedding, whose argmax means nothing even when
+    it is exactly as wide as the class count. ``None`` objective (the step was not watched, a
+    compiled module): the head's width decides, as before.
+
+    Example:
+        >>> from lightning_triage.functional.objective import Objective
+        >>> from lightning_triage.functional.loss_terms import LossCall
+        >>> triplet = LossCall("triplet_margin_loss", 0.4, "metric")
+        >>> ce = LossCall("cross_entropy", 2.3, "multiclass", "indices", 10, 2.303, 0.0)
+        >>> head_not_class_scores(Objective((ce,), 2.3, "single")) is None
+        True
+        >>> head_not_class_scores(Objective((triplet,), 0.4, "single"))[:45]
+        'the training loss is a metric-learning loss, '
+    """
+    if objective is None or objective.hand_written_ce \
+            or any(c.kind in CLASS_SCORE_KINDS for c in objective.calls):
+        return None
+    return (f"the training loss is {objective.describe()}, not a loss over class scores: the "
+            "head output is an embedding, not compared with the classification baselines")
+
+
+__all__ = ["ACCURACY_MARGIN", "CLASS_SCORE_KINDS", "MAX_CLASSES", "MAX_FEATURES",
+           "MIN_VAL_EXAMPLES", "MSE_RATIO", "RIDGE", "Baselines", "as_features", "below_baseline",
+           "classification_baselines", "compute_baselines", "head_not_class_scores",
+           "model_score", "regression_baselines", "ridge_fit_predict", "target_task"]

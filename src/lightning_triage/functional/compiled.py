@@ -86,5 +86,99 @@ def holds_compiled(value: Any) -> bool:
     return callable(value) and hasattr(value, DYNAMO_WRAPPED)
 
 
-__all__ = ["DYNAMO_WRAPPED", "compiled_parts", "dynamo_type", "holds_compiled", "optimized_module_type",
-           "traced_by_compile"]
+#: Packages whose code is not the user's (their classes and functions are not read).
+_LIBRARY_ROOTS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric",
+                  "torchmetrics", "builtins", "abc", "typing")
+#: How deep :func:`compiled_functions` follows the user's helpers (a step calling a helper that
+#: calls a compiled function is two levels).
+MAX_DEPTH = 3
+
+
+def _library(obj: Any) -> bool:
+    root = str(getattr(obj, "__module__", "") or "").split(".", 1)[0]
+    return root in _LIBRARY_ROOTS
+
+
+def _names(code: Any) -> set[str]:
+    """The global and attribute names a code object (and the code nested in it) refers to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names(const)
+    return names
+
+
+def _functions_of(cls: type) -> list[Any]:
+    out = []
+    for klass in cls.__mro__:
+        if _library(klass):
+            continue
+        for value in vars(klass).values():
+            out.append(getattr(value, "__func__", value))  # staticmethod, classmethod
+    return out
+
+
+def compiled_functions(module: nn.Module) -> list[str]:
+    """The functions ``torch.compile`` wrapped that the module's own code can call: a compiled
+    method or attribute of a module class, or a compiled function its methods (or the helpers
+    they call, :data:`MAX_DEPTH` levels) name as a global or a closure variable. Read from the
+    code, nothing is called. Such a function runs under dynamo, which traces any torch function
+    mode active when it is called into the graph it compiles (and guards on it), so a watch of
+    the step would change the user's compiled code.
+
+    Example:
+        >>> ce = torch.compile(torch.nn.functional.cross_entropy)
+        >>> class Net(nn.Linear):
+        ...     def loss(self, x, y):
+        ...         return ce(self(x), y)
+        >>> compiled_functions(Net(2, 2)), compiled_functions(nn.Linear(2, 2))
+        (['ce'], [])
+    """
+    found: dict[str, None] = {}
+    seen: set[int] = set()
+
+    def visit(fn: Any, depth: int) -> None:
+        if id(fn) in seen or depth > MAX_DEPTH:
+            return
+        seen.add(id(fn))
+        if holds_compiled(fn):
+            found[str(getattr(fn, "__name__", None) or getattr(
+                getattr(fn, DYNAMO_WRAPPED, None), "__name__", "a compiled function"))] = None
+            return
+        code = getattr(fn, "__code__", None)
+        if code is None or _library(fn):
+            return
+        scope = getattr(fn, "__globals__", {})
+        named = [(name, scope[name]) for name in _names(code) if name in scope]
+        named += [("", c.cell_contents) for c in (getattr(fn, "__closure__", None) or ())
+                  if _has_contents(c)]
+        for name, value in named:
+            if name and holds_compiled(value):
+                found[name] = None
+            elif callable(value) and not isinstance(value, type):
+                visit(value, depth + 1)
+
+    classes: set[type] = set()
+    for sub in module.modules():
+        own = [v for v in vars(sub).values() if hasattr(v, "__code__")]  # functions kept
+        if type(sub) not in classes:
+            classes.add(type(sub))
+            own += _functions_of(type(sub))
+        for fn in own:
+            if holds_compiled(fn):
+                found[getattr(fn, "__name__", "a compiled method")] = None
+            elif callable(fn):
+                visit(fn, 0)
+    return list(found)
+
+
+def _has_contents(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+__all__ = ["DYNAMO_WRAPPED", "MAX_DEPTH", "compiled_functions", "compiled_parts", "dynamo_type",
+           "holds_compiled", "optimized_module_type", "traced_by_compile"]

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_triage.codes.curve import UNBOUNDED_BELOW_HINT
 from lightning_triage.functional.spikes import detect_spikes, grew_before
 from lightning_triage.functional.verdict import Verdict
 
@@ -149,6 +150,7 @@ def classify_curve(
     thresholds: CurveThresholds | None = None,
     val_examples: int | None = None,
     noisy: bool = False,
+    heavy_tailed: bool = False,
 ) -> list[Verdict]:
     """Classify a loss curve.
 
@@ -169,6 +171,11 @@ def classify_curve(
             A slow or flat loss is not judged (``lr_too_low``; ``not_learning`` only when the
             validation loss is identical at every run), and a rise or rebound must exceed the
             noise of the block medians (``noisy_margin_z``) to read as ``lr_too_high``.
+        heavy_tailed: the per-batch loss is heavy-tailed by design (a robust loss, Huber,
+            smooth L1 or L1, chosen for outlier targets: each batch's loss swings with the
+            outliers it holds). Its pace is judged, but a rise or rebound must exceed the block
+            medians' noise as for ``noisy``, that noise read with a spread that sees the tails
+            (the standard deviation of the steps, when above the robust one).
 
     Returns:
         The verdicts, shape verdict first; ``curve.healthy`` alone when nothing was found
@@ -222,7 +229,7 @@ def classify_curve(
     events = [*([] if overfit is None else [overfit]), *spike_verdicts]
     if not final or n < th.min_steps:
         return events
-    shape = _shape(x, st, vals, step0, chance, prior, scale, th, noisy)
+    shape = _shape(x, st, vals, step0, chance, prior, scale, th, noisy, heavy_tailed)
     if shape is not None:
         return [shape, *events]
     if events:
@@ -256,13 +263,18 @@ def _divergence(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], st
         if not grew_before(x, i, ref, th.diverge_ratio) and not fell:
             return None  # NaN/Inf out of the blue: a numerics bug, not the curve's shape
         last = float(x[i - 1]) if i > 0 else math.nan
-        early = " so early that the learning rate is the first suspect" if i < 50 else ""
+        down = fell and not grew_before(x, i, ref, th.diverge_ratio)
+        early = " so early that the learning rate is the first suspect" if i < 50 and not down \
+            else ""
         return Verdict(
             "curve.diverging", int(st[i]),
             f"the training loss became {x[i]} at step {int(st[i])}{early} (step-0 loss "
-            f"{_fmt(step0)}, last finite value {_fmt(last)}).",
+            f"{_fmt(step0)}, last finite value {_fmt(last)})"
+            + (": it fell without bound first, a loss no objective can reach." if down else "."),
             evidence={"first_nonfinite_step": int(st[i]), "value": str(x[i]), "step0": step0,
-             "last_finite": last, "max_finite": float(np.max(x[:i])) if i else math.nan})
+             "last_finite": last, "max_finite": float(np.max(x[:i])) if i else math.nan,
+             **({"direction": "down"} if down else {})},
+            hint=UNBOUNDED_BELOW_HINT if down else None)
     for s, v in vals:
         if not math.isfinite(v):
             return Verdict(
@@ -319,7 +331,8 @@ def _unbounded_fall(x: np.ndarray, st: np.ndarray, step0: float, th: CurveThresh
         f"{int(st[i])} and still falling ({math.exp(slope):.3g}x per step): a loss that no "
         "objective can reach, e.g. a term with the wrong sign.",
         evidence={"step0": step0, "level": float(med[-1]), "since_step": int(st[i]),
-                  "log_slope_per_step": slope, "direction": "down"})
+                  "log_slope_per_step": slope, "direction": "down"},
+        hint=UNBOUNDED_BELOW_HINT)
 
 
 def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
@@ -366,17 +379,28 @@ def _overfitting(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]],
     return None
 
 
+def _step_noise(x: np.ndarray, heavy_tailed: bool) -> float:
+    """The per-step noise of ``x``: the robust (MAD) spread of its step-to-step differences,
+    or their standard deviation when larger for a heavy-tailed loss (the robust spread does
+    not see the outlier batches)."""
+    diffs = np.diff(x)
+    if not diffs.size:
+        return 0.0
+    noise = float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / math.sqrt(2))
+    if heavy_tailed and diffs.size > 1:
+        noise = max(noise, float(np.std(diffs)) / math.sqrt(2))
+    return noise
+
+
 def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: float,
            chance: float | None, prior: float | None, scale: float, th: CurveThresholds,
-           noisy: bool = False) -> Verdict | None:
+           noisy: bool = False, heavy_tailed: bool = False) -> Verdict | None:
     n = x.size
     start = float(np.median(x[: max(3, min(20, n // 10))]))
     end = float(np.median(x[-max(5, n // 4):]))
     progress = (start - end) / abs(start) if start != 0 else 0.0
     blocks = _block_medians(x, 8 if n >= 32 else 4)
-    diffs = np.diff(x[n // 2:])
-    noise = float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / math.sqrt(2)) \
-        if diffs.size else 0.0
+    noise = _step_noise(x[n // 2:], heavy_tailed)
     slope, t = _slope_t(x)
     _last_half_slope, last_half_t = _slope_t(x[n // 2:])
     v = np.array([val for _, val in vals]) if vals else np.array([])
@@ -404,9 +428,10 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
                 "the same distribution for every input.",
                 evidence={**ev, "level": end, "max": float(np.max(x))})
 
-    # a noisy objective's block medians move by chance: a rise must clear their noise
+    # a noisy (or heavy-tailed) objective's block medians move by chance: a rise must clear
+    # their noise
     margin = th.noisy_margin_z * 1.2533 * noise * math.sqrt(2 / max(1, n // blocks.size)) \
-        if noisy else 0.0
+        if noisy or heavy_tailed else 0.0
     ev["margin"] = margin
     rose = (float(blocks[1:].max()) > th.rise_ratio * step0
             and float(blocks[1:].max()) - max(step0, float(blocks[0])) > margin) \
@@ -418,13 +443,17 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
         val_falling = v.size >= 2 and bool(np.all(np.diff(v) < 0))
         # a noisy objective: its floor and its pace cannot be told apart in the window
         judged = val_constant or not noisy
+        # the window's fall read from its trend over every step (the start and end medians
+        # hold a few noisy steps each): a slow pace needs both readings below the threshold
+        ev["trend_fall"] = trend_fall = -slope * (n - 1) / abs(start) if start else 0.0
         if val_constant:
             declining = False
         elif val_falling or t < -th.trend_t:
             declining = True
         else:
             declining = False
-        if judged and declining and (progress > 0 or val_falling):
+        if judged and declining and (progress > 0 or val_falling) \
+                and trend_fall < th.low_progress:
             rate = (float(v[0] - v[-1]) / abs(float(v[0]))) if val_falling else progress
             # say which signal decided: the training trend, or a validation loss that falls at
             # every run by amounts too small to show in the training noise

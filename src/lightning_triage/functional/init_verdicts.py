@@ -85,7 +85,9 @@ def unrecognized_loss_verdict(loss: float, objective: Objective, level: ChanceLe
         ('init.chance_unknown', 'The step-0 loss 0.04 was computed without a loss function th')
     """
     seen = "no softmax"
-    if objective.log_probs:
+    if objective.compiled:
+        seen = objective.describe()
+    elif objective.log_probs:
         seen = (f"`{objective.log_probs[0]}` with a random draw per step "
                 f"({', '.join(objective.draws[:3])}), as a sampled action or noise")
     return Verdict(

@@ -49,6 +49,8 @@ LOSS_FUNCTIONS: dict[Any, str] = {
     F.multi_margin_loss: "multi_margin_loss", F.soft_margin_loss: "soft_margin_loss",
 }
 _REGRESSION = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+#: The robust regression losses (chosen for targets with outliers: heavy-tailed batch losses).
+ROBUST_LOSSES = ("l1_loss", "smooth_l1_loss", "huber_loss")
 _METRIC = ("triplet_margin_loss", "triplet_margin_with_distance_loss", "cosine_embedding_loss",
            "margin_ranking_loss", "hinge_embedding_loss")
 _KIND_TEXT = {
@@ -138,12 +140,19 @@ def _entropy(p: Tensor, dim: int) -> Tensor:
     return -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(dim)
 
 
+def _constant(t: Tensor) -> bool | None:
+    """``True`` when every target is the same value (labels made in the step, as a GAN's all
+    ones / all zeros, not read from the batch); ``None`` otherwise (left out of the facts)."""
+    return True if t.numel() > 1 and bool((t == t.flatten()[0]).all()) else None
+
+
 def _cross_entropy(a: Mapping[str, Any], name: str) -> dict[str, Any]:
     x, t = a["input"].detach(), a["target"].detach()
     class_dim = 0 if x.ndim == 1 else 1
     c = int(x.shape[class_dim])
     smoothing = float(a.get("label_smoothing", 0.0) or 0.0)
-    facts: dict[str, Any] = {"label_smoothing": smoothing or None}
+    facts: dict[str, Any] = {"label_smoothing": smoothing or None,
+                             "constant_target": _constant(t)}
     chance = math.log(c) if c > 1 else None
     if t.is_floating_point():  # class probabilities, same shape as the input
         p = t.double()
@@ -163,7 +172,9 @@ def _cross_entropy(a: Mapping[str, Any], name: str) -> dict[str, Any]:
     if share > 0 and t.ndim >= 2:
         kind, facts["masked_share"] = "masked_lm", 1.0 - share
     square = x.ndim == 2 and x.shape[0] == x.shape[1] > 1 and t.ndim == 1
-    if square and bool((t == torch.arange(t.numel(), device=t.device)).all()):
+    # each row scored against the batch, its positive another column: the diagonal (CLIP) or a
+    # permutation of the rows (SimCLR's NT-Xent pairs view i with view i + N)
+    if square and bool((t.sort().values == torch.arange(t.numel(), device=t.device)).all()):
         kind = "in_batch_negatives"
     floor = 0.0
     if smoothing and name == "cross_entropy":
@@ -202,7 +213,8 @@ def _bce(a: Mapping[str, Any], logits: bool) -> dict[str, Any]:
         prior = float(loss_at(p_const, t).mean())
     return {"kind": "multilabel" if labels else "binary", "target_form": form,
             "num_classes": labels, "chance": chance, "floor": floor, "prior": prior,
-            "facts": {"pos_weight": None if pw is None else [float(v) for v in
+            "facts": {"constant_target": _constant(t),
+                      "pos_weight": None if pw is None else [float(v) for v in
                                                              pw.detach().flatten()[:16]]}}
 
 
@@ -317,4 +329,4 @@ def describe_call(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
     return LossCall(name, value, facts=facts, **info)
 
 
-__all__ = ["LOSS_FUNCTIONS", "LossCall", "describe_call"]
+__all__ = ["LOSS_FUNCTIONS", "ROBUST_LOSSES", "LossCall", "describe_call"]

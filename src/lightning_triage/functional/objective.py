@@ -43,9 +43,14 @@ from torch import Tensor, nn
 
 from lightning_triage._torch_compat import exit_function_mode
 from lightning_triage.functional.chance import ChanceLevel
-from lightning_triage.functional.compiled import compiled_parts
+from lightning_triage.functional.compiled import compiled_functions, compiled_parts
 from lightning_triage.functional.draws import DrawWatch
-from lightning_triage.functional.loss_terms import LOSS_FUNCTIONS, LossCall, describe_call
+from lightning_triage.functional.loss_terms import (
+    LOSS_FUNCTIONS,
+    ROBUST_LOSSES,
+    LossCall,
+    describe_call,
+)
 
 #: How the step's loss relates to the recognized calls.
 Match = Literal["single", "sum", "mean", "scaled", "composite", "none"]
@@ -53,6 +58,11 @@ Match = Literal["single", "sum", "mean", "scaled", "composite", "none"]
 #: (the mean divided by the batch size again is a bug); a scaled KL (``KL * T^2``) is not judged.
 _SCALE_JUDGED = ("multiclass", "sequence", "masked_lm", "soft_targets", "in_batch_negatives",
                  "multilabel", "binary", "regression")
+#: The kinds that score the batch's own hard labels (a draw in their step is augmentation).
+_HARD_LABEL_KINDS = ("multiclass", "sequence", "binary", "multilabel")
+_HARD_FORMS = ("indices", "one_hot", "binary", "multilabel")
+#: Draws that sample from the model's outputs (an action, a token), not augmentation.
+_SAMPLING_DRAWS = frozenset({"multinomial", "gumbel_softmax"})
 #: At most this many loss calls are kept per watch.
 MAX_CALLS = 32
 #: Relative tolerance of "the step's loss is this term".
@@ -116,6 +126,8 @@ class Objective:
         draws: the random functions the step called (other than dropout).
         dropouts: the dropout calls that dropped.
         log_probs: the softmax-family calls (:data:`LOG_PROB_FUNCTIONS`) the step made.
+        compiled: the compiled function the step calls, when the step was not watched because
+            of it (the objective is then unknown: nothing was seen).
     """
 
     calls: tuple[LossCall, ...] = ()
@@ -124,6 +136,7 @@ class Objective:
     draws: tuple[str, ...] = ()
     dropouts: tuple[str, ...] = ()
     log_probs: tuple[str, ...] = ()
+    compiled: str = ""
 
     @property
     def terms(self) -> tuple[LossCall, ...]:
@@ -174,10 +187,32 @@ class Objective:
         return bool(self.draws)
 
     @property
+    def augmented(self) -> bool:
+        """The step draws, but its known objective scores the batch's hard labels (a
+        cross-entropy or BCE against class indices or 0/1 labels): the draws perturb the inputs
+        (random crops, noise: augmentation), not what is scored, and the floor stays 0. A draw
+        that samples from the model's own outputs (``multinomial``, ``gumbel_softmax``: an
+        action, a token) is not augmentation, nor a draw beside targets that are all one value
+        (labels made in the step: a GAN's real/fake BCE against all ones or all zeros)."""
+        term = self.term
+        return self.fresh_draws and self.known and term is not None \
+            and term.kind in _HARD_LABEL_KINDS and term.target_form in _HARD_FORMS \
+            and not set(self.draws) & _SAMPLING_DRAWS \
+            and not any(t.facts.get("constant_target") for t in self.terms)
+
+    @property
     def noisy(self) -> bool:
-        """The loss has per-step noise and an unknown floor by nature: a fresh draw per step,
-        or in-batch negatives (each batch its own candidates)."""
-        return self.fresh_draws or any(c.kind == "in_batch_negatives" for c in self.calls)
+        """The loss has per-step noise and an unknown floor by nature: a fresh draw per step
+        (other than the augmentation of a hard-label classifier, see :attr:`augmented`), or
+        in-batch negatives (each batch its own candidates)."""
+        return (self.fresh_draws and not self.augmented) \
+            or any(c.kind == "in_batch_negatives" for c in self.calls)
+
+    @property
+    def heavy_tailed(self) -> bool:
+        """The step calls a robust regression loss (Huber, smooth L1, L1): one chosen for
+        outlier targets, whose per-batch value swings with the outliers each batch holds."""
+        return any(c.name in ROBUST_LOSSES for c in self.calls)
 
     def _combined(self, attr: str) -> float | None:
         values = [getattr(t, attr) for t in self.terms]
@@ -263,6 +298,9 @@ class Objective:
             >>> Objective().describe()
             'no recognized loss function'
         """
+        if self.compiled:
+            return (f"a loss computed in compiled code (`{self.compiled}`, not watched: "
+                    "torch.compile would trace the watch into its graph)")
         if self.match == "none":
             text = "no recognized loss function"
         elif self.known:
@@ -440,20 +478,31 @@ class StepObjective:
         self._watch: ObjectiveWatch | None = None
         self._done: ObjectiveWatch | None = None
         self._node: Any = None
+        self._compiled = ""  # the compiled function that kept the step unwatched
         self.skipped = ""
 
     @property
     def active(self) -> bool:
         """Whether a step is being watched or waits for :meth:`finish`."""
-        return self._watch is not None or self._done is not None
+        return self._watch is not None or self._done is not None or bool(self._compiled)
 
     def start(self, module: nn.Module) -> None:
-        """Start watching (nothing when ``module`` holds compiled code)."""
+        """Start watching (nothing when ``module`` holds compiled code or its code calls a
+        compiled function: :meth:`finish` then returns an unknown :class:`Objective` naming
+        it, so the checks judge no chance level from the batch's labels)."""
         self.close()
+        self._compiled = ""
         compiled = compiled_parts(module)
         if compiled:
             self.skipped = (f"the module runs compiled code (`{compiled[0] or 'the module'}`): "
                             "the step is not watched")
+            return
+        functions = compiled_functions(module)
+        if functions:  # dynamo would trace the watch's mode into the function's graph
+            self._compiled = functions[0]
+            self.skipped = (f"the step calls the compiled function `{functions[0]}`: dynamo "
+                            "traces a torch function mode active at its call into the graph "
+                            "it compiles (and guards on it), so the step is not watched")
             return
         self.skipped = ""
         self._watch = ObjectiveWatch(outermost=True)
@@ -474,7 +523,10 @@ class StepObjective:
         self.stop()
         done, self._done = self._done, None
         node, self._node = self._node, None
-        return None if done is None else done.objective(loss, node)
+        if done is None:
+            compiled, self._compiled = self._compiled, ""
+            return Objective(loss=loss, compiled=compiled) if compiled else None
+        return done.objective(loss, node)
 
     def close(self) -> None:
         """Stop and forget (teardown, a crash inside the step)."""

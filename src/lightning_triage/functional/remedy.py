@@ -186,7 +186,9 @@ def decide_eval_remedy(kind: RemedyKind, as_is: EvalPasses, remedied: EvalPasses
 
 def remedy_kind(finding: Finding) -> RemedyKind:
     """The remedy of ``finding``: its code's (the registry's ``remedy``), except a
-    ``grad.update_ratio`` far *above* ~1e-3, whose fix is a lower learning rate.
+    ``grad.update_ratio`` far *above* ~1e-3, whose fix is a lower learning rate, and a
+    ``curve.diverging`` that falls without bound (``direction="down"``: a term with the wrong
+    sign), which has no mechanical remedy (``"none"``).
 
     Example:
         >>> f = Finding.create("grad.update_ratio", "ratio 0.9", check="T",
@@ -198,6 +200,8 @@ def remedy_kind(finding: Finding) -> RemedyKind:
     kind: RemedyKind = spec.remedy if spec is not None else "none"
     if finding.code == "grad.update_ratio" and finding.evidence.get("direction") == "above":
         return "lr_down"
+    if finding.code == "curve.diverging" and finding.evidence.get("direction") == "down":
+        return "none"  # unbounded below: a sign bug, which no learning rate fixes
     return kind
 
 

@@ -32,6 +32,9 @@ class Verdict:
         severity: overrides the registry's severity for this one verdict (keyword only; ``None``,
             the default, keeps the code's own), for a rule whose strength decides it (a batch
             that is all duplicates is an error, a few are a warning).
+        hint: overrides the registry's hint for this one verdict (keyword only; ``None`` keeps
+            the code's own), for a rule whose direction decides the advice (a loss that falls
+            without bound is a sign bug, not a learning rate).
 
     Example:
         >>> v = Verdict("grad.spike", 40, "gradient norm 80 at step 40, 76x its running median",
@@ -47,6 +50,7 @@ class Verdict:
     layer: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     severity: Literal["error", "warning", "info"] | None = None
+    hint: str | None = None
 
 
 __all__ = ["Verdict"]
