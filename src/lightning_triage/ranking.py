@@ -281,6 +281,13 @@ def _overflowed_by_itself(g: Finding) -> bool:
     return max(peaks, default=0.0) < MODEST_INPUT
 
 
+def _collapsed(g: Finding) -> bool:
+    """A learning rate so high that the first updates killed the network (``curve.lr_too_high``
+    whose evidence holds the ``collapse``: the loss blew up at the first steps, then sat at
+    chance): the dead units it leaves behind are its symptoms."""
+    return bool(g.evidence.get("collapse"))
+
+
 def _update_ratio_below(g: Finding) -> bool:
     """A zero update stalls the curve: ``grad.update_ratio`` counts only far *below* ~1e-3."""
     return g.code != "grad.update_ratio" or g.evidence.get("direction") == "below"
@@ -300,8 +307,13 @@ _UNTRAINED_PARTS = frozenset({"wiring.unregistered_params", "wiring.frozen_at_in
 # ... and a loss fed probabilities (a sigmoid or softmax applied twice): it cannot fall below
 # its floor, so the curve is slow or flat whatever the learning rate.
 _CANNOT_LEARN = _UNTRAINED_PARTS | {"overfit.loss_on_probabilities"}
+# An attention or pooling mask that reads the padding instead of the tokens (a mask inverted
+# twice, `~mask` of a mask that already marks the pads): the model sees the wrong positions, so
+# one batch cannot be memorized and the curve sits at chance.
+_PADDING = frozenset({"structure.padding_leak"})
 # What makes one batch impossible (or slow) to memorize.
 _OVERFIT_CAUSES = frozenset({
+    *_PADDING,
     "data.nonfinite_input", "data.nonfinite_target", "data.unnormalized_input",
     "data.tiny_input_scale",
     "data.constant_input", "data.target_out_of_range",
@@ -366,7 +378,8 @@ _EXPLANATION_ROWS: tuple[Explanation, ...] = (
     Explanation("grad.update_ratio", _SHRUNK_UPDATE | _UNTRAINED_PARTS,
                 symptom_if=_update_ratio_below),
     Explanation("curve.not_learning", _SHRUNK_UPDATE | _MISALIGNED_LABELS | _CANNOT_LEARN),
-    Explanation("curve.plateau_at_chance", _MISALIGNED_LABELS | _CANNOT_LEARN),
+    Explanation("curve.plateau_at_chance", _MISALIGNED_LABELS | _CANNOT_LEARN | _PADDING),
+    Explanation("curve.not_learning", _PADDING),
     # then each symptom's own causes
     Explanation("overfit.failed", _OVERFIT_CAUSES, layered_numerics=True),
     Explanation("overfit.inconclusive", _OVERFIT_CAUSES, layered_numerics=True),
@@ -385,6 +398,10 @@ _EXPLANATION_ROWS: tuple[Explanation, ...] = (
                 | _MISALIGNED_LABELS, layered_numerics=True),
     *(Explanation(code, _BELOW_BASELINE) for code in ("curve.not_learning",
                                                       "curve.plateau_at_chance")),
+    # a network killed by its first updates sits at chance and ends below any baseline; the
+    # learning rate, not the data or the wiring, is the cause
+    *(Explanation(code, frozenset({"curve.lr_too_high"}), only_if=_collapsed)
+      for code in ("curve.plateau_at_chance", "curve.below_baseline")),
     # a slow decline of a model that is mostly frozen is not a learning rate to raise
     Explanation("curve.lr_too_low", _BELOW_BASELINE, only_if=_mostly_frozen,
                 symptom_if=lambda f: not _verified(f)),
@@ -409,7 +426,7 @@ STANDALONE: frozenset[str] = frozenset({
     "data.train_val_shift",
     "init.loss_below_chance",
     "wiring.frozen_batchnorm_in_train", "wiring.frozen_params_changed",
-    "structure.causal_leak", "structure.padding_leak", "structure.target_leak",
+    "structure.causal_leak", "structure.target_leak",
     "mode.eval_loss_gap", "mode.nondeterministic_eval", "mode.train_mode_in_eval",
     "data.val_outlier", "mode.eval_broken_before_training",
     "curve.overfitting",
@@ -497,6 +514,12 @@ def explain_findings(findings: Sequence[Finding]) -> list[Finding]:
     - ``curve.lr_too_low``: explained by ``grad.vanishing`` (the early layers barely move,
       whatever the learning rate) and by ``data.tiny_input_scale`` (inputs too small to move
       the first layer).
+    - ``overfit.failed``, ``overfit.inconclusive``, ``curve.plateau_at_chance`` and
+      ``curve.not_learning``: explained by ``structure.padding_leak`` (a mask that reads the
+      padding instead of the tokens, e.g. inverted twice).
+    - ``curve.plateau_at_chance`` and ``curve.below_baseline``: explained by a
+      ``curve.lr_too_high`` that saw the network collapse at the first steps (evidence
+      ``collapse``: the loss blew up, then sat at chance): the plateau is what it left.
     - ``curve.diverging``: explained, at its non-finite step, by ``numerics.precision_overflow``
       or by a ``numerics.nonfinite_forward`` whose module overflowed from modest inputs (the
       outputs before it all below :data:`MODEST_INPUT`): an ``exp`` or a division, not weights

@@ -103,11 +103,33 @@ def test_geometric_growth_is_diverging_when_it_crosses() -> None:
 
 def test_spike_then_chance_is_plateau_at_chance() -> None:
     x = np.concatenate([[3.9, 55.0, 450.0, 10.0], CHANCE + noise(196, 0.03)])
-    assert codes(classify_curve(x, chance=CHANCE)) == [("plateau_at_chance", 199)]
+    assert codes(classify_curve(x, chance=CHANCE))[0] == ("plateau_at_chance", 199)
     # the prior counts as chance too (a model that learned only the class frequencies)
     y = np.concatenate([[3.9, 55.0, 450.0, 10.0], 2.0 + noise(196, 0.03)])
-    assert codes(classify_curve(y, chance=CHANCE, prior=2.0)) == [("plateau_at_chance", 199)]
+    assert codes(classify_curve(y, chance=CHANCE, prior=2.0))[0] == ("plateau_at_chance", 199)
     assert codes(classify_curve(y, chance=CHANCE))[0][0] != "plateau_at_chance"
+    # a move without a blow-up (a step-0 loss far above chance) is the plateau alone
+    z = np.concatenate([[3.9, 3.5, 3.0, 2.6], CHANCE + noise(196, 0.03)])
+    assert codes(classify_curve(z, chance=CHANCE)) == [("plateau_at_chance", 199)]
+
+
+def test_a_blow_up_at_the_first_steps_then_chance_is_a_learning_rate_collapse() -> None:
+    """Adam at 1e-1 on a small CNN: the first update blows the loss up hundreds of times, the
+    units die and the model predicts the prior from then on. Beside the plateau comes the
+    learning rate (an error, the collapse in its evidence), which the report explains it by."""
+    for prior in (None, 2.0):
+        level = CHANCE if prior is None else prior
+        x = np.concatenate([[3.9, 55.0, 450.0, 10.0], level + noise(196, 0.03)])
+        out = classify_curve(x, chance=CHANCE, prior=prior)
+        assert codes(out) == [("plateau_at_chance", 199), ("lr_too_high", 199)]
+        assert out[1].severity == "error"
+        assert out[1].evidence["collapse"] == {"step": 2, "peak": 450.0, "ratio": 450.0 / 3.9}
+        assert out[0].evidence["collapse"] == out[1].evidence["collapse"]
+        assert "blew the loss up to 450 at step 2" in out[1].message
+    # a blow-up of less than 10x the step-0 loss, or after the first 16 steps, is no collapse
+    for head in ([2.3, 9.0, 20.0, 5.0], [2.3] * 20 + [450.0]):
+        x = np.concatenate([head, CHANCE + noise(200 - len(head), 0.03)])
+        assert "lr_too_high" not in [c for c, _ in codes(classify_curve(x, chance=CHANCE))]
 
 
 def test_a_curve_still_falling_through_chance_is_not_a_plateau() -> None:

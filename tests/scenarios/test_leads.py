@@ -36,6 +36,8 @@ EXPECTED_LEAD = {
     "frozen-random-head": "wiring.frozen_at_init",
     "random-teacher": "wiring.frozen_at_init",
     "sigmoid-before-bce-with-logits": "overfit.loss_on_probabilities",
+    "inverted-padding-mask": "structure.padding_leak",
+    "adam-lr-0.1-cnn": "curve.lr_too_high",
 }
 
 
@@ -44,10 +46,12 @@ DECLARED = {cls.__name__: {*cls.codes, *cls.shared_codes, "triage.check_error"} 
 DECLARED["TriageReport"] = set(TriageReport.codes)
 
 #: Lead runs whose overfit probe may memorize its batch (no symptom to explain).
-PROBE_MAY_PASS = {"batch-softmax", "frozen-random-head"}
+PROBE_MAY_PASS = {"batch-softmax", "frozen-random-head",
+                  # the probe's fresh copy memorizes 8 examples before Adam at 0.1 kills it
+                  "adam-lr-0.1-cnn"}
 
 SYMPTOMS = {"overfit.failed", "overfit.inconclusive", "curve.not_learning", "curve.loss_spike",
-            "grad.exploding"}
+            "grad.exploding", "curve.plateau_at_chance"}
 
 
 def test_every_scenario_has_an_expected_lead() -> None:

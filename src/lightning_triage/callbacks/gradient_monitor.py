@@ -27,7 +27,7 @@ from lightning_triage.callbacks._args import (
     check_int,
     passes,
 )
-from lightning_triage.callbacks._clipping import CLIP_STEPS, scaler_of, total_norm, user_clip
+from lightning_triage.callbacks._clipping import CLIP_STEPS, ClipMeter, scaler_of, total_norm, user_clip
 from lightning_triage.callbacks._monitor import (
     WindowMixin,
     log_finding,
@@ -192,6 +192,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
         self._manual = False
         self._backward_norm: float | None = None
         self.clip_kept: list[float] = []
+        # one process: torch hooks read what clipping keeps (any backward, any optimizer step)
+        self._clip_meter: ClipMeter | None = None
         self._steps: StepCounter | None = None
         # this chunk: rows [total, per-parameter norms..., loss] (on the device on accelerators)
         self._buf: RowBuffer | None = None
@@ -252,6 +254,14 @@ class GradientMonitor(TriageCallback, WindowMixin):
     @guarded
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._steps = step_counter(trainer)
+        if self._manual and trainer.world_size == 1 and self._clip_meter is None:
+            # raw optimizer steps (`scaler.step(opt.optimizer)`) skip on_before_optimizer_step
+            if not self._params:
+                self._build(trainer, pl_module)
+            meter = ClipMeter(self.clip_kept, lambda: not self.window_closed)
+            for handle in meter.hooks(self._params, trainer.optimizers, scaler_of(trainer, pl_module)):
+                self._clip_meter = meter
+                self.add_handle(handle)
 
     @override
     @guarded
@@ -266,7 +276,7 @@ class GradientMonitor(TriageCallback, WindowMixin):
         if not self._optimizer_name:
             inner = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer's own
             self._optimizer_name = type(inner).__name__
-        if self._backward_norm is not None:  # manual optimization: what clipping kept
+        if self._backward_norm is not None and self._clip_meter is None:  # several processes
             after, before = total_norm(self._params), self._backward_norm
             self._backward_norm = None
             if math.isfinite(after) and math.isfinite(before) and before > 0:
@@ -292,8 +302,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
     @override
     def needs_hook(self, hook: str) -> bool:
         if hook == "on_after_backward":  # only to measure the user's own clipping (manual)
-            return (self._manual and not self.idle and not self.window_closed
-                    and len(self.clip_kept) < CLIP_STEPS)
+            return (self._manual and self._clip_meter is None and not self.idle
+                    and not self.window_closed and len(self.clip_kept) < CLIP_STEPS)
         return super().needs_hook(hook)
 
     @override
@@ -302,7 +312,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
         # manual optimization: the norm backward produced (unscaled) against the norm at the
         # optimizer step says how much the user's own clipping kept (Lightning's clipping is
         # judged from the norms before it and `gradient_clip_val`)
-        if not self._manual or self.window_closed or len(self.clip_kept) >= CLIP_STEPS:
+        if not self._manual or self._clip_meter is not None or self.window_closed \
+                or len(self.clip_kept) >= CLIP_STEPS:
             return
         if not self._params:
             self._build(trainer, pl_module)
@@ -318,8 +329,10 @@ class GradientMonitor(TriageCallback, WindowMixin):
             kept, how = clip_kept(self.w_total, self._clip_val), "gradient_clip_val"
         else:
             return None
-        return clipping_verdict(kept, step=step, optimizer=self._optimizer_name or "optimizer",
-                                how=how, clip_val=self._clip_val)
+        meter = self._clip_meter
+        name = self._optimizer_name or (meter.optimizer if meter else "") or "optimizer"
+        return clipping_verdict(kept, step=step, optimizer=name, how=how, clip_val=self._clip_val,
+                                scale=meter.scale if self._manual and meter else None)
 
     def _window_step(self, trainer: pl.Trainer) -> None:
         if self._alive is None:
@@ -361,6 +374,8 @@ class GradientMonitor(TriageCallback, WindowMixin):
     @guarded
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
+        if self._clip_meter is not None and (self.window_closed or len(self.clip_kept) >= CLIP_STEPS):
+            self.remove_handles()  # the clipping hooks are done (never removed inside one)
         if not self._need_loss:
             return
         self._need_loss = False
@@ -512,6 +527,9 @@ class GradientMonitor(TriageCallback, WindowMixin):
     @guarded
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._flush(trainer, final=True)
+        clipping = self._clipping(trainer.global_step) if self._clip_meter and not self.window_closed \
+            else None  # raw optimizer steps only: no window closed, the clipping is still due
+        self._report(trainer, [clipping] if clipping else [], after_window=False)
         parts = [self.detail] if self.detail else []
         if self.watch:
             parts.append(f"watch: {self.counts['spikes_after_window']} spike(s), "

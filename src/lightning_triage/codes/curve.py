@@ -43,7 +43,10 @@ SPECS: tuple[CodeSpec, ...] = (
     spec("curve.lr_too_high", "warning", "Noisy or rising loss: learning rate too high",
          "Lower the learning rate by 3-10x, add warmup, or clip gradients.",
          when="A block median (1/8 of the window) above 1.2x the step-0 loss, or 1.5x above the best "
-              "earlier block median and by more than 10% of the loss scale.",
+              "earlier block median and by more than 10% of the loss scale; an error beside "
+              "`curve.plateau_at_chance` when the loss first blew up to over 10x the step-0 loss "
+              "(and the chance level) within the first 16 steps: the network died at the start "
+              "(evidence `collapse`), and the plateau is explained by it.",
          remedy="lr_down"),
     spec("curve.diverging", "error", "The loss grows without bound",
          "Lower the learning rate (3-10x), add warmup, clip gradients (`gradient_clip_val`), and "

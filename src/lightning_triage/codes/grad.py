@@ -33,7 +33,9 @@ SPECS: tuple[CodeSpec, ...] = (
          when="Over the first optimizer steps (10 or more) the clipping keeps a median 1% or less "
               "of the total gradient norm: Lightning's `gradient_clip_val` (norm) against the "
               "norms before it, or, under manual optimization, the norm at the optimizer step "
-              "against the unscaled norm backward produced. Info for optimizers whose update "
+              "against the unscaled norm backward produced (divided by the scale of the "
+              "gradient scaler, the user's own included; kept at most 100/scale: clipped "
+              "before `scaler.unscale_`, says the message). Info for optimizers whose update "
               "does not scale with the gradient (Adam, RMSprop...); in the report, info unless a "
               "slow or flat loss (`curve.lr_too_low`, `curve.not_learning`, "
               "`curve.plateau_at_chance`, `grad.update_ratio`) shows the trouble."),

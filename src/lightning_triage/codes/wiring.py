@@ -44,8 +44,11 @@ SPECS: tuple[CodeSpec, ...] = (
          when="At the first backward, frozen (`requires_grad=False`, in no optimizer) weights of "
               "`Linear`, `Conv*`, `Embedding` or recurrent layers are statistically what the "
               "layer's `reset_parameters` draws (uniform within the bound `1/sqrt(fan_in)` with "
-              "uniform moments; `Embedding`: N(0, 1)) and no trainable tensor holds the same "
-              "values (an EMA or target copy)."),
+              "uniform moments; `Embedding`: N(0, 1)), or, when the model's config declares "
+              "`initializer_range` (transformers), `Linear` and `Embedding` weights of at "
+              "least 4,096 values are a N(0, initializer_range²) draw (mean, second and fourth "
+              "moments) with zero biases, and no trainable tensor holds the same values (an EMA "
+              "or target copy)."),
     spec("wiring.grads_not_zeroed", "error", "Gradients are not zeroed between optimizer steps",
          "Call `optimizer.zero_grad()` once per step (manual optimization: after `opt.step()`; "
          "an `optimizer_zero_grad` override must still zero). To accumulate on purpose, set "

@@ -6,7 +6,9 @@ verdicts with the ``curve.*`` codes of the protocol, their step, a message with 
 the evidence. No Trainer needed: it works as well on a metrics CSV after the fact.
 
 Shape codes (at most one, decided on the whole window): ``diverging``, ``plateau_at_chance``,
-``not_learning``, ``lr_too_low``, ``lr_too_high``; event codes: ``loss_spike`` (one per spike),
+``not_learning``, ``lr_too_low``, ``lr_too_high``; a plateau at chance that follows a blow-up at
+the first steps comes with ``lr_too_high`` (an error: the learning rate killed the network,
+evidence ``collapse``); event codes: ``loss_spike`` (one per spike),
 ``overfitting``; ``healthy`` (info) when nothing else was found.
 
 Example:
@@ -231,7 +233,7 @@ def classify_curve(
         return events
     shape = _shape(x, st, vals, step0, chance, prior, scale, th, noisy, heavy_tailed)
     if shape is not None:
-        return [shape, *events]
+        return [shape, *_collapse_verdict(shape), *events]
     if events:
         return events
     start, end = float(np.median(x[: max(3, n // 10)])), float(np.median(x[-max(5, n // 4):]))
@@ -392,6 +394,42 @@ def _step_noise(x: np.ndarray, heavy_tailed: bool) -> float:
     return noise
 
 
+def _collapse_verdict(plateau: Verdict) -> list[Verdict]:
+    """``[curve.lr_too_high]`` (an error) beside a plateau at chance that followed a blow-up at
+    the first steps (its evidence's ``collapse``), else ``[]``: the learning rate killed the
+    network, and the plateau is what it left (the report explains the plateau by it)."""
+    c = plateau.evidence.get("collapse")
+    if not c:
+        return []
+    ev = plateau.evidence
+    return [Verdict(
+        "curve.lr_too_high", plateau.step,
+        f"the first updates blew the loss up to {_fmt(c['peak'])} at step {c['step']} "
+        f"({c['ratio']:.3g}x the step-0 loss {_fmt(ev['step0'])}), then it settled at "
+        f"{_fmt(ev['level'])}, the chance level: the network died at the first steps (every "
+        "input gets the same prediction since). The learning rate is far too high for the start "
+        "of training.",
+        evidence={"step0": ev["step0"], "level": ev["level"], "chance": ev["chance"],
+                  "prior": ev["prior"], "collapse": c}, severity="error")]
+
+
+def _early_collapse(x: np.ndarray, st: np.ndarray, step0: float, chance: float,
+                    th: CurveThresholds) -> dict[str, Any] | None:
+    """The blow-up at the first steps of a curve that then settled at chance: a loss above
+    ``diverge_ratio`` times the step-0 loss (and the chance level) within the first
+    ``spike_warmup`` steps (``None``: none). The first updates wrecked the weights (dead units,
+    saturated outputs) and the model fell back to predicting the prior: a learning-rate
+    collapse, not a plateau to explain elsewhere."""
+    head = x[1: th.spike_warmup + 1]
+    if head.size == 0 or not math.isfinite(step0) or step0 <= 0:
+        return None
+    i = int(np.argmax(head)) + 1
+    peak = float(x[i])
+    if not peak > th.diverge_ratio * max(step0, chance):
+        return None
+    return {"step": int(st[i]), "peak": peak, "ratio": peak / step0}
+
+
 def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: float,
            chance: float | None, prior: float | None, scale: float, th: CurveThresholds,
            noisy: bool = False, heavy_tailed: bool = False) -> Verdict | None:
@@ -426,7 +464,8 @@ def _shape(x: np.ndarray, st: np.ndarray, vals: list[tuple[int, float]], step0: 
                 f"settled at {_fmt(end)}, the chance level {_fmt(chance)}"
                 f"{'' if prior is None else f' (prior {_fmt(prior)})'}: the model predicts "
                 "the same distribution for every input.",
-                evidence={**ev, "level": end, "max": float(np.max(x))})
+                evidence={**ev, "level": end, "max": float(np.max(x)),
+                          "collapse": _early_collapse(x, st, step0, chance, th)})
 
     # a noisy (or heavy-tailed) objective's block medians move by chance: a rise must clear
     # their noise

@@ -560,6 +560,11 @@ SCALE_INVARIANT_OPTIMIZERS = frozenset({
 })
 
 
+#: A clipping that keeps at most this many ``1 / scale`` of the norm saw the gradients still
+#: multiplied by the gradient scaler's ``scale`` (see :func:`clipping_verdict`).
+CLIP_SCALED_MAX = 100.0
+
+
 def clip_kept(norms: Sequence[float], clip_val: float) -> list[float]:
     """The fraction of each total gradient norm that total-norm clipping at ``clip_val`` keeps
     (``min(1, clip_val / norm)``, as ``clip_grad_norm_`` scales; non-finite norms left out).
@@ -573,14 +578,19 @@ def clip_kept(norms: Sequence[float], clip_val: float) -> list[float]:
 
 def clipping_verdict(kept: Sequence[float], *, step: int, optimizer: str, how: str,
                      clip_val: float | None = None, max_kept: float = CLIP_KEEP_MAX,
-                     min_steps: int = CLIP_MIN_STEPS) -> Verdict | None:
+                     min_steps: int = CLIP_MIN_STEPS, scale: float | None = None
+                     ) -> Verdict | None:
     """``grad.clipping_eats_update`` when the median of ``kept`` (the fraction of each step's
     gradient norm that reaches the optimizer after clipping) is at most ``max_kept`` over at
     least ``min_steps`` steps; ``None`` otherwise. ``how`` says where the clipping was measured
     (``"gradient_clip_val"``: Lightning's clipping, from the norms before it; ``"manual"``: the
     norm backward produced, unscaled, against the norm at the optimizer step). A warning,
     except for an optimizer whose update does not scale with the gradient
-    (:data:`SCALE_INVARIANT_OPTIMIZERS`: info, the update survives).
+    (:data:`SCALE_INVARIANT_OPTIMIZERS`: info, the update survives). ``scale``: the gradient
+    scaler's scale at the measured backwards (manual optimization); when the clipping kept at
+    most ``CLIP_SCALED_MAX / scale`` of the norm, it likely saw the gradients still scaled
+    (clipped before ``scaler.unscale_``), and the message says so (evidence
+    ``clipped_scaled``).
 
     Example:
         >>> v = clipping_verdict([1e-4] * 20, step=19, optimizer="SGD", how="gradient_clip_val",
@@ -606,20 +616,31 @@ def clipping_verdict(kept: Sequence[float], *, step: int, optimizer: str, how: s
     effect = (f"{optimizer} normalizes its update, so the update survives" if invariant else
               f"{optimizer}'s update shrinks with it: the effective learning rate is about "
               f"{med:.2g}x the one set")
+    # clipped while scaled, the step sees max_norm / scale: the kept share times the scale is
+    # the max_norm over the unscaled norm (order 1); clipped after unscaling, it is the scale
+    # times a share that is rarely below 1e-3
+    s = scale if scale is not None and math.isfinite(scale) else 1.0
+    scaled = s > 1 and med * s <= CLIP_SCALED_MAX
+    why = (f" That is {med * s:.3g}/{s:g} of the norm, and {scale:g} is the scale the "
+           "gradient scaler multiplies the gradients by: the clipping likely saw them still "
+           "scaled (clipped before `scaler.unscale_(optimizer)`; unscale first, then clip)."
+           if scaled else "")
     return Verdict(
         "grad.clipping_eats_update", step,
         f"Over the first {len(vals)} optimizer steps {where} to a median {med:.3g} of its size "
-        f"(at most {max_kept:g} at {100 * share:.0f}% of the steps): {effect}.",
+        f"(at most {max_kept:g} at {100 * share:.0f}% of the steps): {effect}.{why}",
         severity="info" if invariant else None,
         evidence={"median_kept": med, "min_kept": min(vals), "steps": len(vals),
                   "share_below": share, "how": how, "clip_val": clip_val,
-                  "optimizer": optimizer, "scale_invariant": invariant},
+                  "optimizer": optimizer, "scale_invariant": invariant,
+                  **({"scale": scale, "clipped_scaled": scaled} if scale is not None else {})},
     )
 
 
 __all__ = [
     "CLIP_KEEP_MAX",
     "CLIP_MIN_STEPS",
+    "CLIP_SCALED_MAX",
     "SCALE_INVARIANT_OPTIMIZERS",
     "GradThresholds",
     "Verdict",

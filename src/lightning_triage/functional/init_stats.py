@@ -105,12 +105,38 @@ def _within(t: Tensor | None, bound: float) -> bool:
         <= bound * (1 + BOUND_SLACK)
 
 
-def module_at_init(module: nn.Module) -> bool | None:
+def declared_init_std(model: nn.Module) -> float | None:
+    """The standard deviation a model's configuration declares for its normal initialization
+    (transformers' ``config.initializer_range``, 0.02 by default: ``_init_weights`` draws
+    ``Linear`` and ``Embedding`` weights from N(0, std²), biases and the padding row at zero),
+    ``None`` when no submodule declares one.
+
+    Example:
+        >>> declared_init_std(nn.Linear(2, 2)) is None
+        True
+    """
+    for sub in model.modules():
+        std = getattr(getattr(sub, "config", None), "initializer_range", None)
+        if isinstance(std, float) and math.isfinite(std) and std > 0:
+            return std
+    return None
+
+
+def _zero_or_none(t: Tensor | None) -> bool:
+    return t is None or t.numel() == 0 or not bool(t.detach().any())
+
+
+def module_at_init(module: nn.Module, normal_std: float | None = None) -> bool | None:
     """Whether ``module``'s own weights are what its ``reset_parameters`` draws: ``Linear``,
     ``Bilinear``, ``Conv*`` (weight uniform within ``1/sqrt(fan_in)``, bias within it too),
     recurrent layers (every tensor uniform within ``1/sqrt(hidden_size)``), ``Embedding``
-    (N(0, 1), the padding row left out, at least :data:`MIN_NORMAL_VALUES` values). ``None``:
-    another kind of layer, lazy or meta parameters, or too few values to judge.
+    (N(0, 1), the padding row left out, at least :data:`MIN_NORMAL_VALUES` values). With
+    ``normal_std`` (:func:`declared_init_std`), a ``Linear`` whose weight is a draw of
+    N(0, ``normal_std``²) (at least :data:`MIN_NORMAL_VALUES` values; mean, second and fourth
+    moments) and whose bias is zero, and an ``Embedding`` drawn from N(0, ``normal_std``²), are
+    at their initialization too: trained or loaded weights leave those moments (their scale
+    moves, their tails grow). ``None``: another kind of layer, lazy or meta parameters, or too
+    few values to judge.
 
     Example:
         >>> module_at_init(nn.ReLU()) is None, module_at_init(nn.Linear(2, 2)) is None
@@ -126,7 +152,10 @@ def module_at_init(module: nn.Module) -> bool | None:
             keep = torch.ones(w.shape[0], dtype=torch.bool, device=w.device)
             keep[module.padding_idx] = False
             w = w[keep]
-        return normal_at_init(w)
+        at_init = normal_at_init(w)
+        if not at_init and normal_std is not None:
+            return normal_at_init(w, normal_std)
+        return at_init
     if isinstance(module, nn.RNNBase):
         bound = 1.0 / math.sqrt(module.hidden_size)
         verdicts = [uniform_at_init(p, bound) for p in params if p.numel() >= MIN_VALUES]
@@ -144,6 +173,9 @@ def module_at_init(module: nn.Module) -> bool | None:
             return None
         bound = 1.0 / math.sqrt(fan_in)
         at_init = uniform_at_init(weight, bound)
+        if not at_init and normal_std is not None and isinstance(module, nn.Linear):
+            normal = normal_at_init(weight, normal_std)
+            return normal if not normal else _zero_or_none(module.bias)
         if not at_init:
             return at_init
         return _within(getattr(module, "bias", None), bound)
@@ -175,6 +207,7 @@ def frozen_layers_at_init(model: nn.Module, trainable_ids: set[int],
         [('0', 'Linear', 2080)]
     """
     trainable = [p for p in model.parameters() if id(p) in trainable_ids]
+    std = declared_init_std(model)
     found: list[tuple[str, str, int]] = []
     judged = 0
     for name, sub in model.named_modules():
@@ -185,7 +218,7 @@ def frozen_layers_at_init(model: nn.Module, trainable_ids: set[int],
         if judged > max_modules:
             break
         with torch.no_grad():
-            if module_at_init(sub) and not _has_trainable_copy(sub, trainable):
+            if module_at_init(sub, std) and not _has_trainable_copy(sub, trainable):
                 found.append((name, type(sub).__name__, sum(p.numel() for p in own)))
     return found
 
@@ -221,5 +254,5 @@ def frozen_at_init_verdict(step: int | None, modules: Sequence[tuple[str, str, i
                   "frozen_numel": frozen_numel, "total_numel": total_numel})
 
 
-__all__ = ["MIN_NORMAL_VALUES", "MIN_VALUES", "frozen_at_init_verdict", "frozen_layers_at_init",
-           "module_at_init", "normal_at_init", "uniform_at_init"]
+__all__ = ["MIN_NORMAL_VALUES", "MIN_VALUES", "declared_init_std", "frozen_at_init_verdict",
+           "frozen_layers_at_init", "module_at_init", "normal_at_init", "uniform_at_init"]

@@ -40,6 +40,18 @@ class FrozenBodyMLP(DigitsMLP):
             self.net[0].requires_grad_(False)
 
 
+class WideCNN(DigitsMLP):
+    """The PyTorch MNIST example's shape on the 8x8 digits: two 3x3 convolutions (32
+    channels each), a 128-unit dense layer, ReLUs, trained with Adam."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(optimizer="adam", **kwargs)
+        self.net = nn.Sequential(nn.Unflatten(1, (1, 8, 8)),
+                                 nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
+                                 nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                                 nn.Linear(32 * 64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
 def small_loaders(n: int = 64) -> Loaders:
     """``n`` training examples (64: two batches), the whole validation set."""
     x, y, xv, yv = load_digits_tensors()
@@ -78,6 +90,12 @@ CURVE_RUNS: list[Scenario] = [
     Scenario("frozen-body", "the hidden layer frozen by mistake, 4 epochs",
              "curve.below_baseline", fit(lambda: FrozenBodyMLP(lr=0.1)), max_epochs=4,
              fixed=fit(lambda: FrozenBodyMLP(frozen=False, lr=0.1))),
+    # "loss stuck at 2.30 with Adam(lr=0.1)" (the PyTorch forums' most frequent MNIST question):
+    # the first step blows the loss up hundreds of times, the ReLUs die, and the model predicts
+    # the prior from then on. The learning rate leads (not the plateau it leaves behind)
+    Scenario("adam-lr-0.1-cnn", "a CNN trained with Adam at learning rate 0.1 (dies at step 1)",
+             "curve.lr_too_high", fit(lambda: WideCNN(lr=0.1)),
+             fixed=fit(lambda: WideCNN(lr=1e-3)), lead=True),
     Scenario("deep-sigmoid", "twelve layers with sigmoids between them, SGD lr 0.1",
              "grad.vanishing", deep_sigmoid, fixed=lambda: deep_sigmoid(nn.ReLU), lead=True,
              full_fix=False),  # twelve ReLU layers do not learn in 2 epochs at SGD lr 0.1

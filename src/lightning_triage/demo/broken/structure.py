@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightning_triage.demo.broken.common import HEALTHY, Loaders, fit
 from lightning_triage.demo.digits import DigitsMLP
@@ -149,6 +149,67 @@ class RowsLSTM(DigitsMLP):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
 
+class PaddedTokens(Dataset):
+    """Examples ``{"input_ids", "padding_mask", "labels"}`` of ``ids`` (0 = pad)."""
+
+    def __init__(self, ids: Tensor) -> None:
+        self.ids, self.pad = ids, ids == 0
+        self.labels = torch.stack([(ids == k).sum(1) for k in (1, 2, 3)], 1).argmax(1)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {"input_ids": self.ids[i], "padding_mask": self.pad[i], "labels": self.labels[i]}
+
+
+def padded_token_loaders() -> Loaders:
+    """640 training and 160 validation examples of :class:`PaddedTokens`, all distinct: 3-9
+    tokens in 1..7 padded with 0 to 12 positions (every row has padding, ``padding_mask`` true
+    at the pads); the label is which of the tokens 1, 2, 3 is most frequent."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 8, (1000, 12), generator=g)
+    ids[torch.arange(12)[None] >= torch.randint(3, 10, (1000, 1), generator=g)] = 0
+    rows = list(dict.fromkeys(map(tuple, ids.tolist())))[:800]
+    ids = torch.tensor(rows)
+    return (DataLoader(PaddedTokens(ids[:640]), batch_size=32, shuffle=True,
+                       generator=torch.Generator().manual_seed(0)),
+            DataLoader(PaddedTokens(ids[640:]), batch_size=80))
+
+
+class PaddedEncoderClassifier(pl.LightningModule):
+    """A transformer encoder over padded tokens, mean pooled over the real tokens. ``inverted``:
+    the code treats the loader's ``padding_mask`` (true at the pads) as an attention mask (true
+    at the tokens) and inverts it, ``~mask``: attention and pooling read the pads only."""
+
+    def __init__(self, inverted: bool = False, lr: float = 3e-3) -> None:
+        super().__init__()
+        self.inverted, self.lr = inverted, lr
+        self.embed = nn.Embedding(8, 16)
+        self.pos = nn.Parameter(torch.randn(12, 16) * 0.02)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        pad = ~mask if self.inverted else mask
+        h = self.encoder(self.embed(ids) + self.pos, src_key_padding_mask=pad)
+        keep = (~pad).float()[..., None]
+        return self.head((h * keep).sum(1) / keep.sum(1))
+
+    def _loss(self, batch: dict[str, Tensor]) -> Tensor:
+        return F.cross_entropy(self(batch["input_ids"], batch["padding_mask"]), batch["labels"])
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._loss(batch)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self.log("val_loss", self._loss(batch))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
 STRUCTURE_RUNS: list[Scenario] = [
     Scenario("batch-mean-logits", "logits minus their batch mean", "structure.batch_mixing",
              fit(lambda: BatchMeanMLP(lr=0.1)), fixed=HEALTHY),
@@ -178,4 +239,13 @@ STRUCTURE_RUNS: list[Scenario] = [
              "an `nn.LSTM` without `batch_first=True` fed `(N, T, F)` batches",
              "structure.batch_mixing", fit(lambda: RowsLSTM(lr=1e-2)),
              fixed=fit(lambda: RowsLSTM(batch_first=True, lr=1e-2))),
+    # a key-padding mask inverted twice: the loader's mask is already true at the pads, the
+    # model inverts it as if it were an attention mask (`~mask`) and reads the pads only (the
+    # torch convention, true = ignore, against the Hugging Face one, 1 = attend: e.g.
+    # pytorch/pytorch#41508). The padding probe's finding leads and explains the failed probe
+    Scenario("inverted-padding-mask",
+             "an encoder given `~padding_mask`: attention and pooling read the pads only",
+             "structure.padding_leak",
+             fit(lambda: PaddedEncoderClassifier(inverted=True), padded_token_loaders),
+             fixed=fit(PaddedEncoderClassifier, padded_token_loaders), max_epochs=3, lead=True),
 ]

@@ -1,0 +1,62 @@
+"""Manual optimization with the user's own ``torch.amp.GradScaler`` (on CPU: the scaler scales
+and unscales there as on a GPU, ``enabled=True``), clipping by hand: clipping before
+``scaler.unscale_`` is found and leads (not the slow loss it causes); the loop that unscales
+first stays silent (issue 42, item 5). One fit each, shared by the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+
+from lightning_triage import Triage
+from tests.callbacks import update_models as m
+from tests.helpers import make_trainer
+from tests.probe_models import digits
+
+SCALE = 2.0**16  # GradScaler's default first scale
+
+
+def _fit(root: Path, **kwargs: Any) -> tuple[dict[str, Any], m.OwnScaler]:
+    pl.seed_everything(0, verbose=False)
+    triage = Triage(task="multiclass", num_classes=10, report_dir=root, verbose=False,
+                    html=False, strict=True)
+    model = m.OwnScaler(clip=True, init_scale=SCALE, **kwargs)
+    make_trainer(root, [triage], max_epochs=2, limit_train_batches=None).fit(model, *digits())
+    report = triage.report.report
+    assert report is not None
+    return report, model
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Any]]:
+    return {"clip first": _fit(tmp_path_factory.mktemp("first"), clip_first=True),
+            "unscale first": _fit(tmp_path_factory.mktemp("unscaled"))}
+
+
+def test_clipping_before_unscale_is_found_and_leads(reports: dict[str, Any]) -> None:
+    report, model = reports["clip first"]
+    assert model.scaler.is_enabled() and model.scaler.get_scale() == SCALE  # it really scaled
+    codes = [(f["code"], f["severity"], f["explained_by"]) for f in report["findings"]]
+    assert report["start_here"] == "grad.clipping_eats_update", codes
+    clip = next(f for f in report["findings"] if f["code"] == "grad.clipping_eats_update")
+    assert clip["severity"] == "warning" and clip["explained_by"] == []
+    ev = clip["evidence"]
+    assert ev["how"] == "manual" and ev["scale"] == SCALE and ev["clipped_scaled"] is True
+    assert ev["median_kept"] * SCALE < 100  # the max_norm over the unscaled norm: order 1
+    assert "before `scaler.unscale_(optimizer)`" in clip["message"]
+    # the slow loss it causes is its symptom, and the loop's contracts hold
+    for f in report["findings"]:
+        if f["code"] in ("curve.not_learning", "curve.lr_too_low", "grad.update_ratio"):
+            assert f["explained_by"] == ["grad.clipping_eats_update"], codes
+        assert not f["code"].startswith("wiring."), codes
+
+
+def test_unscale_then_clip_is_silent(reports: dict[str, Any]) -> None:
+    report, model = reports["unscale first"]
+    assert model.scaler.get_scale() == SCALE
+    problems = [(f["code"], f["message"]) for f in report["findings"]
+                if f["severity"] != "info" or f["code"].startswith("wiring.")]
+    assert problems == [] and report["start_here"] is None
