@@ -11,6 +11,9 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "lightning_triage"
 #: The limit (docs/design.md, "Habits the lint holds").
 MAX_CODE_LINES = 520
+#: ... and the lines on disk, docstrings and comments included (a module that passes the code
+#: limit by moving its logic into prose is still too long to read).
+MAX_DISK_LINES = 650
 _LAYOUT = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
            tokenize.ENDMARKER)
 
@@ -43,6 +46,11 @@ def test_no_module_is_past_the_size_limit() -> None:
     over = {name: n for name, n in sizes.items() if n > MAX_CODE_LINES}
     assert over == {}, (f"split these modules along their seams (limit {MAX_CODE_LINES} code "
                         f"lines, docs/design.md): {over}")
+    disk = {path.relative_to(SRC).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+            for path in sorted(SRC.rglob("*.py"))}
+    long = {name: n for name, n in disk.items() if n > MAX_DISK_LINES}
+    assert long == {}, (f"split these modules along their seams (limit {MAX_DISK_LINES} lines on "
+                        f"disk, docs/design.md): {long}")
 
 
 def test_no_callback_imports_from_a_sibling_callback() -> None:

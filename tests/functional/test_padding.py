@@ -9,15 +9,14 @@ from torch import nn
 from lightning_triage.functional.padding import (
     Recording,
     compare_at_real,
-    declared_max_length,
     find_padding_mask,
     first_moved,
     more_padding_batch,
     pad_content_batch,
     padding_side,
-    probe_padding,
     record_outputs,
 )
+from lightning_triage.functional.padding_probe import declared_max_length, probe_padding
 from tests.callbacks.padding_models import PAD, padded_tokens
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from lightning_triage.functional import structure_verdicts as rules
-from lightning_triage.functional.padding import PaddingLeak, PaddingMask, RealChange
+from lightning_triage.functional.padding import PaddingMask, RealChange
+from lightning_triage.functional.padding_probe import PaddingLeak
 from lightning_triage.functional.structure import (
     BatchDependence,
     CausalDependence,

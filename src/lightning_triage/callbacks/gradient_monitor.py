@@ -38,13 +38,12 @@ from lightning_triage.callbacks._monitor import (
 from lightning_triage.callbacks._step import RowBuffer, StepState
 from lightning_triage.callbacks.base import TriageCallback, guarded
 from lightning_triage.functional.adapters import adapter_layer_of
+from lightning_triage.functional.clipping import clip_kept, clipping_verdict
 from lightning_triage.functional.gradient_watch import GradientWatch
 from lightning_triage.functional.gradients import (
     GradThresholds,
     alive_units,
     classify_gradients,
-    clip_kept,
-    clipping_verdict,
     layer_groups,
     layer_norms,
     median_ratios,

@@ -30,12 +30,14 @@ from lightning_triage.functional.chance import IGNORE_INDEX
 from lightning_triage.functional.padding import (
     DEFAULT_PADDING_TOLERANCE,
     PaddingMask,
-    PaddingProbeResult,
     Recording,
-    declared_max_length,
     find_padding_mask,
-    probe_padding,
     record_outputs,
+)
+from lightning_triage.functional.padding_probe import (
+    PaddingProbeResult,
+    declared_max_length,
+    probe_padding,
 )
 from lightning_triage.probing import (
     ProbeUnavailableError,

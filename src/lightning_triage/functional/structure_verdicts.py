@@ -17,7 +17,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from lightning_triage.functional.padding import PaddingLeak, PaddingMask
+from lightning_triage.functional.padding import PaddingMask
+from lightning_triage.functional.padding_probe import PaddingLeak
 from lightning_triage.functional.structure import (
     BatchDependence,
     CausalDependence,
