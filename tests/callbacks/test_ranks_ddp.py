@@ -100,14 +100,16 @@ def test_sampler_seeded_by_rank_and_never_reshuffled(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_healthy_ddp_is_silent_and_unchanged(tmp_path: Path) -> None:
-    """Lightning's distributed sampler, two epochs, a batch norm without `SyncBatchNorm`, a
-    checkpoint monitoring a synced `val_loss`: no problem from the rank checks (the batch-norm
-    statistics differ: info), each ran, and the weights are those of the same fit without
-    `Triage()`."""
+    """Lightning's distributed sampler, two epochs, gradients accumulated over two batches, a
+    batch norm without `SyncBatchNorm`, a checkpoint monitoring a synced `val_loss`: no problem
+    from the rank checks (the batch-norm statistics differ: info), each ran, and the weights are
+    those of the same fit without `Triage()`."""
     torch.manual_seed(0)
-    report, with_triage = _fit(tmp_path / "with", RankNet(), monitor=True)
+    report, with_triage = _fit(tmp_path / "with", RankNet(), monitor=True,
+                               accumulate_grad_batches=2)
     torch.manual_seed(0)
-    _, without = _fit(tmp_path / "without", RankNet(), triage=False, monitor=True)
+    _, without = _fit(tmp_path / "without", RankNet(), triage=False, monitor=True,
+                      accumulate_grad_batches=2)
     assert report is not None
     found = _found(report)
     assert not _problems(report) & RANK_CODES
