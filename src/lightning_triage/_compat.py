@@ -85,6 +85,22 @@ def step_counter(trainer: pl.Trainer) -> StepCounter:
     return _GlobalStep(trainer)
 
 
+def batches_completed(trainer: pl.Trainer) -> int:
+    """The training batches the fit completed, each one call of the user's ``training_step``.
+
+    Written against Lightning 2.6.6: ``trainer.fit_loop.epoch_loop.batch_progress.total``.
+    Fallback (another layout): ``trainer.global_step``, the optimizer steps (fewer than the
+    batches under gradient accumulation).
+    """
+    try:
+        completed = trainer.fit_loop.epoch_loop.batch_progress.total.completed
+        if isinstance(completed, int):
+            return completed
+    except AttributeError:
+        pass
+    return int(trainer.global_step)
+
+
 # ---------------------------------------------------------------------- precision
 def _precision_plugin(trainer: pl.Trainer) -> Any:
     """``trainer.precision_plugin`` (Lightning 2.6.6: the strategy's plugin), else the

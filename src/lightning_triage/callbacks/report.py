@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
+from lightning_triage._compat import batches_completed
 from lightning_triage.callbacks._args import check_bool, check_choice, fail
 from lightning_triage.callbacks._rank_files import (
     merge_rank_files,
@@ -443,8 +444,7 @@ class TriageReport(Callback):
         """The user's ``training_step`` calls in this fit: the real steps, the probes' and the
         remedy trial's on copies."""
         since = getattr(self, "_step_calls", {})
-        real = trainer.fit_loop.epoch_loop.batch_progress.total.completed
-        return {"fit": int(real), **{k: v - since.get(k, 0) for k, v in STEP_CALLS.items()}}
+        return {"fit": batches_completed(trainer), **{k: v - since.get(k, 0) for k, v in STEP_CALLS.items()}}
 
     @staticmethod
     def _fallback_run(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
