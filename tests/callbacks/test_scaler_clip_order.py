@@ -56,7 +56,10 @@ def test_clipping_before_unscale_is_found_and_leads(reports: dict[str, Any]) -> 
     assert ev["how"] == "manual" and ev["scale"] == SCALE and ev["clipped_scaled"] is True
     assert ev["median_kept"] * SCALE < 100  # the max_norm over the unscaled norm: order 1
     assert "before `scaler.unscale_(optimizer)`" in clip["message"]
-    # the slow loss it causes is its symptom, and the loop's contracts hold
+    # the slow loss it causes is its symptom (every other warning or error is explained by it),
+    # and the loop's contracts hold
+    loud = [f for f in report["findings"] if f["severity"] != "info" and f is not clip]
+    assert loud and all(f["explained_by"] == ["grad.clipping_eats_update"] for f in loud), codes
     for f in report["findings"]:
         if f["code"] in ("curve.not_learning", "curve.lr_too_low", "grad.update_ratio"):
             assert f["explained_by"] == ["grad.clipping_eats_update"], codes
