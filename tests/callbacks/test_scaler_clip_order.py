@@ -1,12 +1,14 @@
 """Manual optimization with the user's own ``torch.amp.GradScaler`` (on CPU: the scaler scales
 and unscales there as on a GPU, ``enabled=True``), clipping by hand: clipping before
-``scaler.unscale_`` is found and leads (not the slow loss it causes); the loop that unscales
-first stays silent (issue 42, item 5). The models are the registry's run
+``scaler.unscale_`` is found and leads (not the slow loss it causes), whether the scaler steps
+Lightning's optimizer wrapper or the raw torch optimizer (which Lightning never sees); the loop
+that unscales first stays silent (issue 42, item 5). The models are the registry's run
 ``scaler-clip-before-unscale`` and its fixed twin: one fit each per seed (seeds 1 and 2 slow),
 shared by the tests."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 
 from lightning_triage import Triage
 from lightning_triage.demo.broken import Scenario, broken_run
+from lightning_triage.demo.broken.common import fit
 from lightning_triage.demo.broken.curves import ScalerClipMLP
 from tests.helpers import make_trainer, seeds
 
@@ -43,9 +46,7 @@ def reports(request: pytest.FixtureRequest,
             "unscale first": _fit(tmp_path_factory.mktemp("unscaled"), RUN.twin(), seed)}
 
 
-def test_clipping_before_unscale_is_found_and_leads(reports: dict[str, Any]) -> None:
-    assert RUN.lead and RUN.expect == "grad.clipping_eats_update"
-    report, model = reports["clip first"]
+def assert_clipping_leads(report: dict[str, Any], model: ScalerClipMLP) -> None:
     assert model.clip_first and not model.automatic_optimization
     assert model.scaler.is_enabled() and model.scaler.get_scale() == SCALE  # it really scaled
     codes = [(f["code"], f["severity"], f["explained_by"]) for f in report["findings"]]
@@ -66,9 +67,25 @@ def test_clipping_before_unscale_is_found_and_leads(reports: dict[str, Any]) -> 
         assert not f["code"].startswith("wiring."), codes
 
 
+def test_clipping_before_unscale_is_found_and_leads(reports: dict[str, Any]) -> None:
+    assert RUN.lead and RUN.expect == "grad.clipping_eats_update"
+    report, model = reports["clip first"]
+    assert not model.raw_step and report["run"]["global_step"] > 0
+    assert_clipping_leads(report, model)
+
+
 def test_unscale_then_clip_is_silent(reports: dict[str, Any]) -> None:
     report, model = reports["unscale first"]
     assert not model.clip_first and model.scaler.get_scale() == SCALE
     problems = [(f["code"], f["message"]) for f in report["findings"]
                 if f["severity"] != "info" or f["code"].startswith("wiring.")]
     assert problems == [] and report["start_here"] is None
+
+
+def test_clipping_before_unscale_is_found_when_the_raw_optimizer_steps(tmp_path: Path) -> None:
+    # `scaler.step(opt.optimizer)`: no `on_before_optimizer_step`, `global_step` stays 0; the
+    # clipping is read by torch hooks on the backward and the raw optimizer's step
+    raw = dataclasses.replace(RUN, build=fit(lambda: ScalerClipMLP(raw_step=True, lr=0.1)))
+    report, model = _fit(tmp_path, raw, 0)
+    assert model.raw_step and report["run"]["global_step"] == 0
+    assert_clipping_leads(report, model)

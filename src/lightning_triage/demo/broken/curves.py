@@ -64,12 +64,15 @@ class ScalerClipMLP(DigitsMLP):
         clip_first: clip before ``scaler.unscale_`` (the bug: the threshold applies to the
             gradients still multiplied by the scale, 2**16 at first, so every update shrinks by
             about the scale); ``False``: unscale, then clip (the fix).
+        raw_step: the scaler unscales and steps the raw torch optimizer
+            (``scaler.step(opt.optimizer)``: Lightning's ``global_step`` stays 0) instead of
+            Lightning's wrapper (``scaler.step(opt)``).
     """
 
-    def __init__(self, clip_first: bool = True, **kwargs: Any) -> None:
+    def __init__(self, clip_first: bool = True, raw_step: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.automatic_optimization = False
-        self.clip_first = clip_first
+        self.clip_first, self.raw_step = clip_first, raw_step
         self.scaler = torch.amp.GradScaler("cpu")
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
@@ -78,13 +81,14 @@ class ScalerClipMLP(DigitsMLP):
         x, y = batch
         loss = F.cross_entropy(self(x), y)
         self.scaler.scale(loss).backward()
+        target: Any = opt.optimizer if self.raw_step else opt
         if self.clip_first:
             nn.utils.clip_grad_norm_(self.parameters(), 1.0)
-            self.scaler.unscale_(opt.optimizer)
+            self.scaler.unscale_(target)
         else:
-            self.scaler.unscale_(opt.optimizer)
+            self.scaler.unscale_(target)
             nn.utils.clip_grad_norm_(self.parameters(), 1.0)
-        self.scaler.step(opt.optimizer)
+        self.scaler.step(target)
         self.scaler.update()
         self.log("train_loss", loss)
         return loss.detach()
