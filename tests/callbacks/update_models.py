@@ -287,7 +287,8 @@ class OwnScaler(ManualClassifier):
     write it: ``opt.zero_grad()``, the scaled loss's backward (``self.manual_backward`` or
     ``.backward()`` directly), optionally ``scaler.unscale_`` and clipping, then
     ``scaler.step`` on the raw optimizer (``opt.optimizer``) or on Lightning's wrapper, and
-    ``scaler.update()``.
+    ``scaler.update()``. (Clipping before ``scaler.unscale_``, the bug, is the registry's run
+    ``scaler-clip-before-unscale``.)
 
     Args:
         backward: ``"manual"`` (``self.manual_backward``) or ``"direct"`` (``.backward()``).
@@ -297,19 +298,16 @@ class OwnScaler(ManualClassifier):
         reset_at: re-initialize the head after the step of this batch (the real bug: a change
             outside the step).
         device: the scaler's device (``"cuda"`` with a CUDA trainer).
-        clip_first: clip before ``scaler.unscale_`` (the real bug: the threshold applies to the
-            gradients still multiplied by the scale).
-        init_scale: the scaler's first scale.
     """
 
     def __init__(self, backward: Literal["manual", "direct"] = "direct",
                  step: Literal["raw", "lightning"] = "raw", clip: bool = False,
                  zero: bool = True, reset_at: int | None = None, device: str = "cpu",
-                 clip_first: bool = False, init_scale: float = 2.0**10, **kwargs: Any) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.backward_kind, self.step_kind, self.clip = backward, step, clip
-        self.zero, self.reset_at, self.clip_first = zero, reset_at, clip_first
-        self.scaler = torch.amp.GradScaler(device, init_scale=init_scale)
+        self.zero, self.reset_at = zero, reset_at
+        self.scaler = torch.amp.GradScaler(device, init_scale=2.0**10)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         opt = self.optimizers()
@@ -322,10 +320,7 @@ class OwnScaler(ManualClassifier):
         else:
             scaled.backward()
         target = opt.optimizer if self.step_kind == "raw" else opt  # type: ignore[union-attr]
-        if self.clip and self.clip_first:
-            torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
-            self.scaler.unscale_(target)
-        elif self.clip:
+        if self.clip:
             self.scaler.unscale_(target)
             torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
         self.scaler.step(target)

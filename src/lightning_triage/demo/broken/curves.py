@@ -1,12 +1,16 @@
 """Broken runs of stages 6 and 7, the loss curve and the gradients: learning rates far off,
-units that never fire, gradients that die out or are clipped away, a model that memorizes."""
+units that never fire, gradients that die out or are clipped away (by a threshold far below
+their norm, or by clipping them while a gradient scaler still scales them), a model that
+memorizes."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
 import torch
-from torch import nn
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from torch import Tensor, nn
+from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_triage.demo.broken.common import HEALTHY, Loaders, fit, mlp
@@ -50,6 +54,44 @@ class WideCNN(DigitsMLP):
                                  nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
                                  nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.Flatten(),
                                  nn.Linear(32 * 64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+class ScalerClipMLP(DigitsMLP):
+    """Manual optimization with the user's own ``torch.amp.GradScaler("cpu")`` (on CPU it scales
+    and unscales as on a GPU), clipping the total gradient norm at 1 by hand as AMP loops do.
+
+    Args:
+        clip_first: clip before ``scaler.unscale_`` (the bug: the threshold applies to the
+            gradients still multiplied by the scale, 2**16 at first, so every update shrinks by
+            about the scale); ``False``: unscale, then clip (the fix).
+        raw_step: the scaler unscales and steps the raw torch optimizer
+            (``scaler.step(opt.optimizer)``: Lightning's ``global_step`` stays 0) instead of
+            Lightning's wrapper (``scaler.step(opt)``).
+    """
+
+    def __init__(self, clip_first: bool = True, raw_step: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+        self.clip_first, self.raw_step = clip_first, raw_step
+        self.scaler = torch.amp.GradScaler("cpu")
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        opt = cast(LightningOptimizer, self.optimizers())
+        opt.zero_grad()
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.scaler.scale(loss).backward()
+        target: Any = opt.optimizer if self.raw_step else opt
+        if self.clip_first:
+            nn.utils.clip_grad_norm_(self.parameters(), 1.0)
+            self.scaler.unscale_(target)
+        else:
+            self.scaler.unscale_(target)
+            nn.utils.clip_grad_norm_(self.parameters(), 1.0)
+        self.scaler.step(target)
+        self.scaler.update()
+        self.log("train_loss", loss)
+        return loss.detach()
 
 
 def small_loaders(n: int = 64) -> Loaders:
@@ -96,6 +138,15 @@ CURVE_RUNS: list[Scenario] = [
     Scenario("adam-lr-0.1-cnn", "a CNN trained with Adam at learning rate 0.1 (dies at step 1)",
              "curve.lr_too_high", fit(lambda: WideCNN(lr=0.1)),
              fixed=fit(lambda: WideCNN(lr=1e-3)), lead=True),
+    # milesial/Pytorch-UNet#468, "Gradients are clipped before the unscaling" (fixed in #470):
+    # `clip_grad_norm_(..., 1.0)` on gradients still multiplied by the scaler's 2**16 leaves
+    # an unscaled norm of at most 2**-16, "effectively halting training"
+    # (victorchall/EveryDream2trainer#175). The clipping leads, not the slow loss it leaves
+    Scenario("scaler-clip-before-unscale",
+             "manual optimization with the user's `GradScaler`, gradients clipped before "
+             "`scaler.unscale_` (milesial/Pytorch-UNet#468)",
+             "grad.clipping_eats_update", fit(lambda: ScalerClipMLP(lr=0.1)),
+             fixed=fit(lambda: ScalerClipMLP(clip_first=False, lr=0.1)), lead=True),
     Scenario("deep-sigmoid", "twelve layers with sigmoids between them, SGD lr 0.1",
              "grad.vanishing", deep_sigmoid, fixed=lambda: deep_sigmoid(nn.ReLU), lead=True,
              full_fix=False),  # twelve ReLU layers do not learn in 2 epochs at SGD lr 0.1
