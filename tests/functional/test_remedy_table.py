@@ -16,7 +16,6 @@ from lightning_triage.codes.remedies import (
     remedy_spec,
 )
 from lightning_triage.findings import CODES
-from lightning_triage.functional.remedy import DIRECT_KINDS, EVAL_KINDS, EXPERIMENT_KINDS, LR_KINDS
 from lightning_triage.report.schema import REPORT_SCHEMA
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "lightning_triage"
@@ -39,10 +38,14 @@ def test_every_row_says_what_it_changes_and_what_it_must_reproduce() -> None:
             assert spec.lr is not None or spec.label, kind  # a label for `tried`
         if spec.family == "eval":
             assert spec.short and spec.left_over and (spec.force_eval or spec.gate_dropout)
-    assert {k for k, s in REMEDIES.items() if s.family == "replay"} == EXPERIMENT_KINDS
-    assert {"eval_mode", "gate_dropout"} == EVAL_KINDS
-    assert {"lr_down", "lr_up", "lr_down_clip"} == LR_KINDS
-    assert {"zero_grads", "add_params", "realign_labels"} == DIRECT_KINDS
+    assert {k for k, s in REMEDIES.items() if s.family == "replay"} == {
+        "lr_down", "lr_up", "lr_down_clip", "standardize_input", "zero_grads", "add_params",
+        "realign_labels"}
+    assert {k for k, s in REMEDIES.items() if s.family == "eval"} == {"eval_mode", "gate_dropout"}
+    assert {k for k, s in REMEDIES.items() if s.lr is not None} == {"lr_down", "lr_up",
+                                                                      "lr_down_clip"}
+    assert {k for k, s in REMEDIES.items() if s.direct} == {"zero_grads", "add_params",
+                                                             "realign_labels"}
     assert remedy_spec("from-a-newer-version").family == "none"
 
 

@@ -38,9 +38,6 @@ from lightning_triage.functional.remedy_plan import (
     Replay,
     _fmt,
     _mean,
-    channel_stats,
-    input_scale_symptom,
-    standardize,
     symptom_reproduced,
 )
 from lightning_triage.ranking import start_here
@@ -48,17 +45,6 @@ from lightning_triage.ranking import start_here
 RemedyVerdict = Literal["confirmed", "not confirmed", "inconclusive", "skipped"]
 REMEDY_VERDICTS: tuple[RemedyVerdict, ...] = ("confirmed", "not confirmed", "inconclusive",
                                               "skipped")
-#: The kinds that run an experiment (the recorded steps replayed on a copy, as they are and
-#: with the change): the remedy table's ``"replay"`` family.
-EXPERIMENT_KINDS: frozenset[str] = frozenset(k for k, s in REMEDIES.items() if s.family == "replay")
-#: The kinds whose symptom is the cause itself, observed on the copy (the table's ``direct``):
-#: a replay whose loss does not end lower in the short window does not refute them.
-DIRECT_KINDS: frozenset[str] = frozenset(k for k, s in REMEDIES.items() if s.direct)
-#: The kinds whose change is a learning-rate factor (the table's ``lr``).
-LR_KINDS: frozenset[str] = frozenset(k for k, s in REMEDIES.items() if s.lr is not None)
-#: The mode stage's kinds (the table's ``"eval"`` family): the validation path run on copies
-#: from two random states, by the check that found the problem, at the probe.
-EVAL_KINDS: frozenset[str] = frozenset(k for k, s in REMEDIES.items() if s.family == "eval")
 
 
 @dataclass(frozen=True)
@@ -251,7 +237,7 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
     """The verdict of a remedy over the replays.
 
     Args:
-        kind: the remedy kind (:data:`EXPERIMENT_KINDS`).
+        kind: the remedy kind (a ``"replay"`` row of the remedy table).
         start: the per-batch losses of the starting state on the evaluation batches.
         as_is: the replay with the run's own settings.
         remedied: ``(factor or label, replay)`` for each remedy tried, in order.
@@ -302,13 +288,6 @@ def decide_remedy(kind: RemedyKind, start: Sequence[float], as_is: Replay,
                               f"a replay of {len(as_is.steps)} steps that does not end lower does "
                               "not refute it", None, tried)
     return RemedyDecision("not confirmed", f"{what}; " + "; ".join(reasons), None, tried)
-
-
-#: Why a direct remedy's short replay may end *higher* than the as-is one although the finding
-#: is real (docs/remedies.md, "Direct findings are not refuted by a short replay"): the table's
-#: ``rises_because``, said in the trial's reason.
-RISES_BECAUSE: dict[str, str] = {k: s.rises_because for k, s in REMEDIES.items()
-                                 if s.rises_because}
 
 
 def _factor(kind: RemedyKind, factor: float | str) -> str:
@@ -367,26 +346,18 @@ def with_remedy(finding: Finding, block: dict[str, Any]) -> Finding:
 
 
 __all__ = [
-    "DIRECT_KINDS",
-    "EVAL_KINDS",
-    "EXPERIMENT_KINDS",
-    "LR_KINDS",
     "REMEDY_VERDICTS",
-    "RISES_BECAUSE",
     "EvalPasses",
     "RemedyDecision",
     "RemedyThresholds",
     "RemedyVerdict",
     "Replay",
-    "channel_stats",
     "decide_eval_remedy",
     "decide_remedy",
-    "input_scale_symptom",
     "next_candidate",
     "partly",
     "remedy_kind",
     "remedy_works",
-    "standardize",
     "symptom_reproduced",
     "with_remedy",
 ]
