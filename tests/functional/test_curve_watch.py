@@ -78,7 +78,7 @@ def test_validation_is_judged_once_for_a_window_long_enough() -> None:
 
 def test_state_round_trip() -> None:
     watch = CurveWatch()
-    watch.window([_v("curve.diverging", 40)], held=[])
+    watch.window([_v("curve.diverging", 40), _v("curve.healthy", None)], held=[])
     watch.late([SpikeEvent("spike", 900, 30.0, 2.0, 0.1, 15.0, 900)], [900], [30.0],
                CurveThresholds())
     restored = CurveWatch()

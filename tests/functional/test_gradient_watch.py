@@ -99,7 +99,8 @@ def test_state_round_trip() -> None:
     watch, th = GradientWatch(), GradThresholds()
     steps, totals, per, _ = _chunk(0, 20)
     watch.events([], steps, totals, per, ring=totals, after_window=False, thresholds=th)
-    watch.admit([Verdict("grad.vanishing", 5, "dies out")], after_window=False, held=[])
+    watch.admit([Verdict("grad.vanishing", 5, "dies out"), Verdict("grad.dead_units", None, "x")],
+                after_window=False, held=[])
     restored = GradientWatch()
     restored.load_state_dict(pickle.loads(pickle.dumps(watch.state_dict())))
     assert restored.reported == watch.reported and restored.counts == watch.counts

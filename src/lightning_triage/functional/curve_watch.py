@@ -139,7 +139,8 @@ class CurveWatch:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (missing keys keep their defaults)."""
         self.counts.update(state.get("counts", {}))
-        self.reported = {(str(c), int(s)) for c, s in state.get("reported", [])}
+        self.reported = {(str(c), None if s is None else int(s))
+                         for c, s in state.get("reported", [])}
 
 
 __all__ = ["MAX_REPORTED", "ONCE_PER_WINDOW", "CurveWatch"]

@@ -201,7 +201,8 @@ class GradientWatch:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (missing keys keep their defaults)."""
         self.counts.update(state.get("counts", {}))
-        self.reported = {(str(c), int(s)) for c, s in state.get("reported", [])}
+        self.reported = {(str(c), None if s is None else int(s))
+                         for c, s in state.get("reported", [])}
         base = state.get("layer_base")
         self.layer_base = None if base is None else np.asarray(base, dtype=np.float64)
 
